@@ -1,0 +1,49 @@
+# flask-triton-shim: `make run` serves /predict through a real local Triton; `make test` runs the tests.
+# Both set everything up on a fresh machine (virtualenv, packages, model export) first.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+ARCH   ?= resnet50
+MODEL  := triton_repo/resnet50/1/model.pt
+PYTEST_ARGS ?=
+
+.PHONY: help install export triton run test lint clean
+
+help:
+	@echo "make run     - export the model, start a local Triton (wheel, CPU) and the shim on :5000"
+	@echo "make test    - lint and run every test against a real local Triton"
+	@echo "make triton  - only the local Triton on :8000/:8001/:8002"
+	@echo "make export  - write $(MODEL) (ARCH=resnet50|resnet18, SHIM_MODEL_WEIGHTS=file.pth)"
+	@echo "make lint    - ruff and mypy"
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
+	  "Python 3.11 is required (the Triton wheel ships a python-backend stub per version); set PYTHON=python3.11")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned in pyproject.toml: an unpinned torch would download several GB
+	$(PY) -m pip install --quiet -e '.[legacy,local-triton,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# Re-run when the arch changes: the tool keeps a model.pt that already holds what was asked for.
+export: install
+	$(PY) tools/export_model.py --arch $(ARCH)
+
+triton: export
+	$(PY) -m app.embedded_triton --model-repository triton_repo
+
+run: triton
+
+test: export lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check app tools tests
+	$(PY) -m mypy
+
+clean:
+	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache
+	find triton_repo -name model.pt -delete -o -name labels.txt -delete -o -name __pycache__ -prune -exec rm -rf {} +

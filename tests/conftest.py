@@ -1,0 +1,73 @@
+"""Fixtures: a test copy of triton_repo with a small seeded model, and a real Triton serving it."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig
+from tests.support import ROOT, TRITON_REPO, free_ports
+
+TEST_ARCH = "resnet18"  # same input and output shapes as resnet50, a third of the compute
+
+
+@pytest.fixture(scope="session")
+def test_model_pt() -> Path:
+    """A seeded resnet18 TorchScript file, exported once and reused by later runs."""
+    from tools.export_model import build_model, read_export_info, save_torchscript
+
+    target = ROOT / ".cache" / "test-models" / f"{TEST_ARCH}-seed0.pt"
+    if (read_export_info(target) or {}).get("arch") != TEST_ARCH:
+        save_torchscript(build_model(TEST_ARCH, None, 0), target, {"arch": TEST_ARCH, "seed": 0})
+    return target
+
+
+def make_test_repo(dest: Path, model_pt: Path) -> Path:
+    """triton_repo as committed (configs, preprocess model.py), with `model_pt` as resnet50 version 1."""
+    from tools.export_model import write_labels
+
+    shutil.copytree(TRITON_REPO, dest, ignore=shutil.ignore_patterns("model.pt", "labels.txt", "__pycache__"))
+    write_labels(TEST_ARCH, dest / "resnet50" / "labels.txt")
+    (dest / "resnet50" / "1").mkdir(exist_ok=True)
+    (dest / "resnet50" / "1" / "model.pt").symlink_to(model_pt)
+    return dest
+
+
+def start_triton(repo: Path, cache_dir: Path) -> EmbeddedTriton:
+    http, grpc, metrics = free_ports(3)
+    config = EmbeddedTritonConfig(model_repository=repo, cache_dir=cache_dir, http_port=http,
+                                  grpc_port=grpc, metrics_port=metrics, startup_timeout_s=240)
+    return EmbeddedTriton(config).start()
+
+
+@pytest.fixture(scope="session")
+def test_repo(tmp_path_factory: pytest.TempPathFactory, test_model_pt: Path) -> Path:
+    return make_test_repo(tmp_path_factory.mktemp("repo") / "triton_repo", test_model_pt)
+
+
+@pytest.fixture(scope="session")
+def triton(test_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
+    """One real Triton for the session. Tests must not change its repository: see hot-reload tests."""
+    server = start_triton(test_repo, tmp_path_factory.mktemp("triton-cache"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def triton_client(triton: EmbeddedTriton) -> Iterator[object]:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(triton.http_url, network_timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def reference_model(test_model_pt: Path) -> object:
+    """The same TorchScript file, called in-process: what Triton's answers must equal."""
+    import torch
+
+    return torch.jit.load(str(test_model_pt), map_location="cpu").eval()

@@ -1,0 +1,167 @@
+"""The wheel's real Triton serving the repository: inference, ensemble, metrics, batching, CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from PIL import Image
+
+from app.embedded_triton import EmbeddedTriton
+from app.embedded_triton.cpu_repo import read_config
+from tests.support import ROOT, TRITON_REPO, free_ports, photo, reference_transform, wait_until
+
+pytestmark = pytest.mark.triton
+
+
+def infer(client: httpclient.InferenceServerClient, model: str, name: str, array: np.ndarray,
+          output: str, dtype: str = "FP32") -> np.ndarray:
+    tensor = httpclient.InferInput(name, list(array.shape), dtype)
+    tensor.set_data_from_numpy(array, binary_data=True)
+    result = client.infer(model, [tensor], outputs=[httpclient.InferRequestedOutput(output, binary_data=True)])
+    return result.as_numpy(output)
+
+
+def run_reference(model: object, batch: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.inference_mode():
+        return model(torch.from_numpy(batch)).numpy()  # type: ignore[operator]
+
+
+def metric(text: str, name: str, model: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_server_is_live_and_ready(triton_client: httpclient.InferenceServerClient) -> None:
+    assert triton_client.is_server_live()
+    assert triton_client.is_server_ready()
+    for model in ("resnet50", "preprocess", "pipeline"):
+        assert triton_client.is_model_ready(model), model
+
+
+def test_resnet50_metadata_matches_its_config(triton_client: httpclient.InferenceServerClient) -> None:
+    config = read_config(TRITON_REPO / "resnet50" / "config.pbtxt")
+    meta = triton_client.get_model_metadata("resnet50")
+    (inp,), (out,) = meta["inputs"], meta["outputs"]
+    assert inp == {"name": config.input[0].name, "datatype": "FP32", "shape": [-1, *config.input[0].dims]}
+    assert out == {"name": config.output[0].name, "datatype": "FP32", "shape": [-1, *config.output[0].dims]}
+    served = triton_client.get_model_config("resnet50")
+    assert served["max_batch_size"] == config.max_batch_size
+    assert served["dynamic_batching"]["preferred_batch_size"] == list(config.dynamic_batching.preferred_batch_size)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_infer_with_binary_tensors_equals_the_model_in_process(
+        triton_client: httpclient.InferenceServerClient, reference_model: object, batch: int) -> None:
+    rng = np.random.default_rng(batch)
+    inputs = rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)
+    logits = infer(triton_client, "resnet50", "input__0", inputs, "output__0")
+    assert logits.shape == (batch, 1000) and logits.dtype == np.float32
+    np.testing.assert_allclose(logits, run_reference(reference_model, inputs), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("size", [(640, 480), (300, 500), (224, 224), (1, 1), (1000, 37)])
+def test_preprocess_model_matches_torchvision(triton_client: httpclient.InferenceServerClient,
+                                              size: tuple[int, int]) -> None:
+    pixels = photo(*size, seed=size[0])
+    served = infer(triton_client, "preprocess", "raw_image", pixels[None], "preprocessed", "UINT8")[0]
+    expected = reference_transform()(Image.fromarray(pixels))
+    assert served.shape == (3, 224, 224)
+    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
+
+
+def test_pipeline_agrees_with_resnet50_fed_the_shim_side_tensor(
+        triton_client: httpclient.InferenceServerClient) -> None:
+    pixels = photo(640, 480, seed=7)
+    via_pipeline = infer(triton_client, "pipeline", "raw_image", pixels[None], "classification_result", "UINT8")
+    tensor = reference_transform()(Image.fromarray(pixels))[None].astype(np.float32)
+    direct = infer(triton_client, "resnet50", "input__0", tensor, "output__0")
+    np.testing.assert_allclose(via_pipeline, direct, rtol=0, atol=1e-4)
+    assert int(via_pipeline.argmax()) == int(direct.argmax())
+
+
+def test_metrics_show_that_dynamic_batching_merged_concurrent_requests(triton: EmbeddedTriton) -> None:
+    def scrape() -> str:
+        with urllib.request.urlopen(triton.metrics_url, timeout=5) as response:
+            return response.read().decode()
+
+    before = scrape()
+    image = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
+
+    def one(_: int) -> None:
+        client = httpclient.InferenceServerClient(triton.http_url, network_timeout=60)
+        try:
+            for _ in range(3):
+                infer(client, "resnet50", "input__0", image, "output__0")
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, range(16)))
+    after = scrape()
+    for family in ("nv_inference_request_success", "nv_inference_queue_duration_us",
+                   "nv_inference_count", "nv_inference_exec_count"):
+        assert re.search(rf"^{family}\{{.*model=\"resnet50\"", after, re.M), family
+    inferences = metric(after, "nv_inference_count", "resnet50") - metric(before, "nv_inference_count", "resnet50")
+    executions = (metric(after, "nv_inference_exec_count", "resnet50")
+                  - metric(before, "nv_inference_exec_count", "resnet50"))
+    assert inferences == 48
+    assert executions < inferences, f"{executions} executions for {inferences} inferences: nothing was batched"
+
+
+def test_cli_serves_the_exported_repository_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
+    """The command `make triton` / `make run` use, on triton_repo/ as `make export` left it."""
+    if not (TRITON_REPO / "resnet50" / "1" / "model.pt").is_file():
+        pytest.fail("triton_repo/resnet50/1/model.pt is missing: `make test` exports it first")
+    http, grpc, metrics = free_ports(3)
+    cmd = [sys.executable, "-m", "app.embedded_triton", "--model-repository", str(TRITON_REPO), "--quiet",
+           f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", f"--cache-dir={tmp_path}"]
+    with subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True) as process:
+        _serve_and_interrupt(process, http)
+
+
+def _serve_and_interrupt(process: subprocess.Popen[str], http: int) -> None:
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
+
+        def ready() -> bool:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            try:
+                return bool(client.is_server_ready())
+            except Exception:
+                return False
+
+        wait_until(ready, 240, "the CLI's Triton to be ready")
+        assert client.is_model_ready("pipeline")
+        shm = f"shim{process.pid}x*"  # the server's python-backend regions carry its launcher's pid
+        assert list(Path("/dev/shm").glob(shm)), "expected the python backend's shared memory while running"
+        client.close()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        assert "ready: HTTP" in (process.stderr.read() if process.stderr else "")
+        assert not list(Path("/dev/shm").glob(shm)), "shared memory left behind after the stop"
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_environment_of_the_stub_is_this_interpreter() -> None:
+    from app.embedded_triton.wheel import server_environment
+
+    env = server_environment({"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere"})
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert "PYTHONPATH" not in env

@@ -1,0 +1,72 @@
+"""Hot reload on a running server: a new version folder, one load call, no failed request."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import TEST_ARCH, make_test_repo, start_triton
+from tests.support import wait_until
+
+pytestmark = pytest.mark.triton
+
+
+def test_new_version_serves_after_load_and_no_request_fails(tmp_path: Path, test_model_pt: Path) -> None:
+    import torch
+
+    from tools.export_model import build_model, save_torchscript
+
+    repo = make_test_repo(tmp_path / "triton_repo", test_model_pt)
+    v2_model = build_model(TEST_ARCH, None, seed=1)  # other weights: version 2 answers differently
+    server = start_triton(repo, tmp_path / "cache")
+    stop, failures, answered = threading.Event(), [], [0]
+    image = np.random.default_rng(3).standard_normal((1, 3, 224, 224), dtype=np.float32)
+
+    def keep_sending() -> None:
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+        tensor = _input(image)
+        while not stop.is_set():
+            try:
+                client.infer("resnet50", [tensor])
+                answered[0] += 1
+            except Exception as e:
+                failures.append(repr(e))
+        client.close()
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    try:
+        wait_until(lambda: answered[0] >= 3, 60, "requests to flow before the reload")
+        staging = tmp_path / "staging"
+        save_torchscript(v2_model, staging / "model.pt", {"arch": TEST_ARCH, "seed": 1})
+        staging.rename(repo / "resnet50" / "2")  # the whole folder appears at once, as `cp -r` + `mv` would
+
+        wait_until(lambda: (server.cpu_repo / "resnet50" / "2" / "model.py").is_file(), 10,
+                   "the CPU copy to pick up version 2")
+        admin = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
+        admin.load_model("resnet50")  # POST /v2/repository/models/resnet50/load
+        assert admin.is_model_ready("resnet50", "2")
+        served_before = answered[0]
+        wait_until(lambda: answered[0] >= served_before + 3, 60, "requests after the reload")
+
+        result = admin.infer("resnet50", [_input(image)])
+        with torch.inference_mode():
+            expected = v2_model(torch.from_numpy(image)).numpy()
+        np.testing.assert_allclose(result.as_numpy("output__0"), expected, rtol=0, atol=1e-4)
+        assert admin.get_model_metadata("resnet50")["versions"] == ["2"]
+        admin.close()
+    finally:
+        stop.set()
+        sender.join(timeout=60)
+        server.stop()
+    assert failures == [], f"{len(failures)} of {answered[0] + len(failures)} requests failed: {failures[:3]}"
+
+
+def _input(image: np.ndarray) -> httpclient.InferInput:
+    tensor = httpclient.InferInput("input__0", list(image.shape), "FP32")
+    tensor.set_data_from_numpy(image, binary_data=True)
+    return tensor

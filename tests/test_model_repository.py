@@ -1,0 +1,156 @@
+"""triton_repo/ as committed, and the CPU copy the embedded server makes of it (no server needed)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTritonError
+from app.embedded_triton.cpu_repo import cpu_config, read_config, sync_cpu_repo
+from app.embedded_triton.wheel import TritonWheel
+from tests.support import TRITON_REPO, free_ports
+
+MODELS = sorted(p.parent.name for p in TRITON_REPO.glob("*/config.pbtxt"))
+
+
+def tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        h.update(str(path.relative_to(root)).encode())
+        if path.is_file() and not path.is_symlink():
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def test_the_repository_holds_the_three_models() -> None:
+    assert MODELS == ["pipeline", "preprocess", "resnet50"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_config_parses_as_a_model_config_named_after_its_folder(name: str) -> None:
+    config = read_config(TRITON_REPO / name / "config.pbtxt")
+    assert config.name == name
+    assert any(p.is_dir() and p.name.isdigit() for p in (TRITON_REPO / name).iterdir()), "no version folder"
+
+
+def test_resnet50_config_is_the_articles() -> None:
+    c = read_config(TRITON_REPO / "resnet50" / "config.pbtxt")
+    assert (c.platform, c.max_batch_size) == ("pytorch_libtorch", 32)
+    (inp,), (out,) = c.input, c.output
+    assert (inp.name, inp.data_type, list(inp.dims)) == ("input__0", mc.TYPE_FP32, [3, 224, 224])
+    assert (out.name, out.data_type, list(out.dims)) == ("output__0", mc.TYPE_FP32, [1000])
+    assert out.label_filename == "labels.txt"
+    assert [(g.count, g.kind) for g in c.instance_group] == [(2, mc.ModelInstanceGroup.KIND_GPU)]
+    assert list(c.dynamic_batching.preferred_batch_size) == [8, 16, 32]
+    assert c.dynamic_batching.max_queue_delay_microseconds == 500
+    assert c.optimization.input_pinned_memory.enable
+
+
+def test_ensemble_maps_name_tensors_that_exist() -> None:
+    pipeline = read_config(TRITON_REPO / "pipeline" / "config.pbtxt")
+    assert pipeline.platform == "ensemble"
+    available = {i.name for i in pipeline.input}
+    for step in pipeline.ensemble_scheduling.step:
+        model = read_config(TRITON_REPO / step.model_name / "config.pbtxt")
+        assert model.max_batch_size >= pipeline.max_batch_size
+        assert set(step.input_map) == {i.name for i in model.input}, step.model_name
+        assert set(step.input_map.values()) <= available, f"{step.model_name} reads a tensor nobody made"
+        assert set(step.output_map) <= {o.name for o in model.output}, step.model_name
+        available |= set(step.output_map.values())
+    assert {o.name for o in pipeline.output} <= available
+    (raw,) = pipeline.input
+    assert (raw.name, raw.data_type, list(raw.dims)) == ("raw_image", mc.TYPE_UINT8, [-1, -1, 3])
+    (result,) = pipeline.output
+    assert (result.name, result.data_type, list(result.dims)) == ("classification_result", mc.TYPE_FP32, [1000])
+
+
+def test_preprocess_model_imports_only_numpy_and_pillow() -> None:
+    source = (TRITON_REPO / "preprocess" / "1" / "model.py").read_text()
+    imports = {line.split()[1].split(".")[0] for line in source.splitlines()
+               if line.startswith(("import ", "from "))}
+    assert imports <= {"__future__", "json", "numpy", "PIL", "triton_python_backend_utils"}, imports
+
+
+def test_cpu_config_turns_libtorch_into_the_python_stand_in_and_keeps_the_rest() -> None:
+    source = read_config(TRITON_REPO / "resnet50" / "config.pbtxt")
+    source.optimization.execution_accelerators.gpu_execution_accelerator.add(name="tensorrt")
+    cpu = cpu_config(source, cpus=2)
+    assert (cpu.platform, cpu.backend) == ("", "python")
+    assert [(g.count, g.kind) for g in cpu.instance_group] == [(2, mc.ModelInstanceGroup.KIND_CPU)]
+    assert cpu.parameters["SOURCE_MODEL_FILENAME"].string_value == "model.pt"
+    assert cpu.parameters["INTRA_OP_THREAD_COUNT"].string_value == "1"  # 2 cores / 2 instances
+    assert not cpu.optimization.HasField("execution_accelerators")
+    for field in ("name", "max_batch_size", "input", "output", "dynamic_batching"):
+        assert getattr(cpu, field) == getattr(source, field), field
+
+
+def test_cpu_copy_follows_the_source_and_never_writes_into_it(tmp_path: Path) -> None:
+    source, target = tmp_path / "repo", tmp_path / "cpu"
+    (source / "resnet50" / "1").mkdir(parents=True)
+    (source / "resnet50" / "config.pbtxt").write_text((TRITON_REPO / "resnet50" / "config.pbtxt").read_text())
+    (source / "resnet50" / "1" / "model.pt").write_bytes(b"weights v1")
+    before = tree_digest(source)
+
+    assert sync_cpu_repo(source, target) == ["resnet50"]
+    assert (target / "resnet50" / "1" / "model.py").read_text().startswith('"""Python-backend stand-in')
+    assert (target / "resnet50" / "1" / "model.pt").resolve() == (source / "resnet50" / "1" / "model.pt")
+    assert sync_cpu_repo(source, target) == [], "an unchanged source must not be rewritten"
+
+    (source / "resnet50" / "2").mkdir()
+    (source / "resnet50" / "2" / "model.pt").write_bytes(b"weights v2")
+    assert sync_cpu_repo(source, target) == ["resnet50"]
+    assert (target / "resnet50" / "2" / "model.py").is_file()
+
+    config = source / "resnet50" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 32", "max_batch_size: 16"))
+    assert sync_cpu_repo(source, target) == ["resnet50"]
+    assert read_config(target / "resnet50" / "config.pbtxt").max_batch_size == 16
+
+    (source / "resnet50" / "2" / "model.pt").unlink()
+    (source / "resnet50" / "2").rmdir()
+    (source / "resnet50" / "config.pbtxt").rename(source / "resnet50" / "config.off")
+    assert sync_cpu_repo(source, target) == ["resnet50"]
+    assert not (target / "resnet50").exists(), "a model removed from the source leaves the copy"
+    assert list(source.rglob("__pycache__")) == []
+    assert tree_digest(source) != before  # (we edited it) but nothing of the copy landed in it:
+    assert {p.name for p in source.rglob("*")} == {"resnet50", "1", "model.pt", "config.off"}
+
+
+def test_cpu_copy_inside_the_source_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(EmbeddedTritonError, match="must live outside"):
+        sync_cpu_repo(TRITON_REPO, TRITON_REPO / "cpu")
+
+
+def test_a_missing_model_pt_says_to_run_make_export(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "resnet50" / "1").mkdir(parents=True)
+    (repo / "resnet50" / "config.pbtxt").write_text((TRITON_REPO / "resnet50" / "config.pbtxt").read_text())
+    server = EmbeddedTriton(EmbeddedTritonConfig(model_repository=repo, cache_dir=tmp_path / "cache"))
+    with pytest.raises(EmbeddedTritonError, match=r"model\.pt is missing .*run `make export`"):
+        server.start()
+
+
+def test_a_busy_port_is_named(tmp_path: Path, test_repo: Path) -> None:
+    import socket
+
+    http, grpc, metrics = free_ports(3)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", grpc))
+        taken.listen()
+        config = EmbeddedTritonConfig(model_repository=test_repo, cache_dir=tmp_path, http_port=http,
+                                      grpc_port=grpc, metrics_port=metrics)
+        with pytest.raises(EmbeddedTritonError, match=rf"gRPC port 127\.0\.0\.1:{grpc} is busy"):
+            EmbeddedTriton(config).start()
+
+
+def test_a_broken_wheel_says_how_to_reinstall(tmp_path: Path) -> None:
+    with pytest.raises(EmbeddedTritonError, match=r"tritonserver binary is missing .*make install"):
+        TritonWheel(root=tmp_path).check()
+
+
+def test_three_distinct_ports_are_required(tmp_path: Path) -> None:
+    with pytest.raises(EmbeddedTritonError, match="three distinct ports"):
+        EmbeddedTritonConfig(model_repository=tmp_path, http_port=8000, grpc_port=8000, metrics_port=8002)
