@@ -35,13 +35,14 @@ export: install
 triton: export
 	$(PY) -m app.embedded_triton --model-repository triton_repo
 
-run: triton
+run: export
+	$(PY) tools/run_local.py
 
 test: export lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(PY) -m ruff check app tools tests
+	$(PY) -m ruff check app tools tests bench gunicorn.conf.py
 	$(PY) -m mypy
 
 clean:

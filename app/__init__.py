@@ -1,0 +1,29 @@
+"""flask-triton-shim: the legacy /predict API in front of NVIDIA Triton. gunicorn runs `app:create_app()`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from app.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """Wiring only: settings (from SHIM_* unless given), the shim's objects, the HTTP API."""
+    from flask import Flask
+
+    from app import api
+    from app.logs import configure_logging
+    from app.settings import Settings
+    from app.wiring import build_shim
+
+    settings = settings or Settings.from_env()
+    configure_logging(settings.log_level)
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # answers keep the contract's key order
+    app.extensions["shim"] = build_shim(settings)
+    api.register(app)
+    return app

@@ -10,6 +10,8 @@ import pytest
 
 from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig
 from tests.support import ROOT, TRITON_REPO, free_ports
+from tools import launch
+from tools.launch import ServedApp
 
 TEST_ARCH = "resnet18"  # same input and output shapes as resnet50, a third of the compute
 
@@ -71,3 +73,43 @@ def reference_model(test_model_pt: Path) -> object:
     import torch
 
     return torch.jit.load(str(test_model_pt), map_location="cpu").eval()
+
+
+def start_shim(tmp: Path, *, triton_url: str, repo: Path, model_pt: Path, **settings: object) -> ServedApp:
+    """The shim under gunicorn, as `make run` starts it, with 2 workers x 8 threads unless told otherwise."""
+    env = {"SHIM_TRITON_URL": triton_url, "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"),
+           "SHIM_LEGACY_MODEL_PATH": str(model_pt), "SHIM_WORKERS": "2", "SHIM_THREADS": "8",
+           "SHIM_TRITON_TIMEOUT_S": "10"}
+    env.update({f"SHIM_{k.upper()}": str(v) for k, v in settings.items()})
+    return launch.start_shim(tmp, env)
+
+
+def start_legacy_app(tmp: Path, *, repo: Path, model_pt: Path) -> ServedApp:
+    return launch.start_legacy_app(tmp, model_pt=model_pt, labels=repo / "resnet50" / "labels.txt")
+
+
+@pytest.fixture(scope="session")
+def shim_triton(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
+    """The shim in triton mode (2 workers x 8 threads) against the session's Triton."""
+    served = start_shim(tmp_path_factory.mktemp("shim-triton"), triton_url=triton.http_url, repo=test_repo,
+                        model_pt=test_model_pt, mode="triton")
+    yield served.wait("/readyz")
+    served.stop()
+
+
+@pytest.fixture(scope="session")
+def shim_legacy(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
+    """The shim in legacy mode: the in-process PyTorch backend."""
+    served = start_shim(tmp_path_factory.mktemp("shim-legacy"), triton_url=triton.http_url, repo=test_repo,
+                        model_pt=test_model_pt, mode="legacy", workers=1)
+    yield served.wait("/readyz")
+    served.stop()
+
+
+@pytest.fixture(scope="session")
+def legacy_app(test_repo: Path, test_model_pt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
+    served = start_legacy_app(tmp_path_factory.mktemp("legacy-app"), repo=test_repo, model_pt=test_model_pt)
+    yield served.wait("/", status=404)  # it has no health endpoint: any contract answer means it is up
+    served.stop()

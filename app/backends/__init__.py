@@ -1,0 +1,1 @@
+"""Inference backends behind one protocol: the in-process legacy model and Triton."""

@@ -1,0 +1,93 @@
+"""The in-process TorchScript model: what the legacy Flask app did, kept as a backend.
+
+torch is imported and the model loaded in a background thread started after the worker forked, so a
+worker answers /healthz at once and /readyz tells the truth while the model loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.backends.base import Readiness
+from app.errors import BackendError, BackendUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class LegacyBackend:
+    name = "legacy"
+
+    def __init__(self, *, model_path: Path, threads: int, max_batch_size: int, image_shape: Sequence[int],
+                 load_timeout_s: float = 120) -> None:
+        self.model_path = model_path
+        self._image_shape = tuple(image_shape)
+        self._threads = threads
+        self._max_batch = max_batch_size
+        self._load_timeout_s = load_timeout_s
+        self._model: Any = None
+        self._error: str | None = None
+        self._loaded = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch
+
+    def start_loading(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._load, name="legacy-model-load", daemon=True).start()
+
+    def ready(self) -> Readiness:
+        if not self._started:
+            return Readiness(False, f"legacy model {self.model_path} is not loaded (no traffic mode needed it yet)")
+        if self._error:
+            return Readiness(False, self._error)
+        if not self._loaded.is_set():
+            return Readiness(False, f"legacy model {self.model_path} is loading")
+        return Readiness(True, f"legacy model {self.model_path} is loaded")
+
+    def infer(self, batch: npt.NDArray[np.float32], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.start_loading()
+        if not self._loaded.wait(self._load_timeout_s) or self._model is None:
+            raise BackendUnavailable(self._error or f"legacy model {self.model_path} is still loading")
+        import torch
+
+        try:
+            with torch.inference_mode():
+                return np.asarray(self._model(torch.from_numpy(batch)).numpy(), dtype=np.float32)
+        except RuntimeError as e:  # torch reports every failure of forward() as RuntimeError
+            raise BackendError(f"legacy model failed: {e}") from e
+
+    def close(self) -> None:
+        self._model = None
+
+    def _load(self) -> None:
+        try:
+            import torch
+
+            if not self.model_path.is_file():
+                raise FileNotFoundError(f"legacy model {self.model_path} does not exist; run `make export` "
+                                        "or set SHIM_LEGACY_MODEL_PATH")
+            if self._threads:
+                torch.set_num_threads(self._threads)
+            model = torch.jit.load(str(self.model_path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
+            with torch.inference_mode():  # the first call optimises the graph; no client should pay for it
+                model(torch.zeros((1, *self._image_shape)))
+            self._model = model
+            log.info("legacy model %s loaded", self.model_path)
+        except (OSError, RuntimeError, ValueError) as e:
+            self._error = f"legacy model {self.model_path} failed to load: {e}"
+            log.error("%s", self._error)
+        finally:
+            self._loaded.set()

@@ -1,0 +1,43 @@
+"""The legacy /predict contract: request field, answer and error shapes, in one place.
+
+A team whose legacy app answered in another shape changes this module and nothing else.
+examples/legacy_app.py is the app this contract was taken from; tests/test_contract.py holds both to it.
+
+    POST /predict   multipart/form-data, file field "image"
+    200  {"model": "resnet50", "predictions": [{"label": "tabby", "class_id": 281, "score": 0.91}, ...]}
+    4xx/5xx  {"error": "<code>", "message": "<what went wrong>"}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+IMAGE_FIELD = "image"
+
+# Errors that Flask itself raises, in the contract's words.
+HTTP_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("bad_request", "the request is not valid"),
+    404: ("not_found", "no such endpoint: use POST /predict"),
+    405: ("method_not_allowed", "method not allowed: use POST /predict"),
+    413: ("too_large", "the upload is too large"),
+}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    class_id: int
+    score: float
+
+
+def prediction_body(model: str, predictions: Sequence[Prediction]) -> dict[str, Any]:
+    return {
+        "model": model,
+        "predictions": [{"label": p.label, "class_id": p.class_id, "score": p.score} for p in predictions],
+    }
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": code, "message": message}

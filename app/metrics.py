@@ -1,0 +1,63 @@
+"""The shim's Prometheus metrics: a leaf module every other module may import.
+
+Under gunicorn, gunicorn.conf.py points PROMETHEUS_MULTIPROC_DIR at a fresh folder before any worker
+starts, so each worker writes its values there and /metrics adds them up across workers.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess as _multiprocess
+from prometheus_client.registry import REGISTRY
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+REQUESTS = Counter(
+    "shim_requests", "POST /predict requests answered, by the backend that answered, mode and HTTP status",
+    ["backend", "mode", "status"])
+REQUEST_SECONDS = Histogram(
+    "shim_request_duration_seconds", "POST /predict latency inside the shim, by the backend that answered",
+    ["backend"], buckets=LATENCY_BUCKETS)
+STAGE_SECONDS = Histogram(
+    "shim_stage_duration_seconds",
+    "Time per request stage: decode, preprocess, queue (waiting in the batcher), infer (backend round trip, "
+    "per batch), postprocess", ["stage", "backend"], buckets=LATENCY_BUCKETS)
+BATCH_SIZE = Histogram(
+    "shim_batch_size", "Images per backend call made by the shim's batcher", ["backend"],
+    buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
+BACKEND_ERRORS = Counter(
+    "shim_backend_errors", "Failed backend calls, by backend and error code", ["backend", "code"])
+FALLBACKS = Counter(
+    "shim_fallbacks", "Requests answered by legacy because Triton could not answer, by reason", ["reason"])
+SHADOW_COMPARISONS = Counter(
+    "shim_shadow_comparisons", "Shadow requests by outcome: match, mismatch, error, skipped", ["result"])
+SHADOW_SCORE_DIFF = Histogram(
+    "shim_shadow_max_abs_score_diff", "Largest score difference between legacy and Triton per shadow request",
+    buckets=(1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.5, 1.0))
+TRAFFIC_MODE = Gauge(
+    "shim_traffic_mode", "1 for the traffic mode in force, by mode and where it came from",
+    ["mode", "source"], multiprocess_mode="liveall")
+CANARY_PERCENT = Gauge(
+    "shim_canary_percent", "Share of clients routed to Triton in canary mode", multiprocess_mode="liveall")
+CIRCUIT_OPEN = Gauge(
+    "shim_circuit_open", "1 while the circuit breaker keeps requests away from the backend",
+    ["backend"], multiprocess_mode="liveall")
+INFLIGHT = Gauge(
+    "shim_inflight_requests", "POST /predict requests being handled now", multiprocess_mode="livesum")
+
+
+def exposition() -> bytes:
+    """The text /metrics serves: every worker's values when running under gunicorn."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        _multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry)
+    return generate_latest(REGISTRY)
+
+
+def mark_worker_dead(pid: int) -> None:
+    """gunicorn's child_exit hook: drop a dead worker's live gauges."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        _multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

@@ -1,0 +1,97 @@
+"""Uploaded bytes -> RGB PIL image -> normalised FP32 CHW array, as the legacy app's torchvision does.
+
+The legacy app runs Resize(256) -> CenterCrop(224) -> ToTensor -> Normalize(ImageNet mean/std) on a
+PIL image. This module gives the same tensor (bit for bit) with Pillow and numpy, no torch: the same
+Pillow bilinear resize with torchvision's output size, the same crop offsets, and a per-channel lookup
+table that holds, for each of the 256 pixel values, what ToTensor + Normalize compute in float32.
+Everything is built once; the functions hold no state.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image, UnidentifiedImageError
+
+from app.errors import EmptyImage, InvalidImage, TooLarge
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSpec:
+    resize: int = 256
+    crop: int = 224
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    max_pixels: int = 40_000_000  # refused before decoding (decompression bombs)
+    # ToTensor + Normalize for every uint8 value, per channel: shape (3, 256).
+    table: npt.NDArray[np.float32] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        values = np.arange(256, dtype=np.float32) / np.float32(255)  # ToTensor: float32 division by 255
+        mean = np.asarray(self.mean, dtype=np.float32)[:, None]
+        std = np.asarray(self.std, dtype=np.float32)[:, None]
+        object.__setattr__(self, "table", (values[None, :] - mean) / std)  # Normalize: sub, then div
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (3, self.crop, self.crop)
+
+
+def configure_pillow(spec: ImageSpec) -> None:
+    """Pillow's own bomb guard at our limit, for the whole process.
+
+    Pillow warns above the limit and refuses above twice the limit; decode() refuses everything above
+    the limit itself, with a clearer message, so the warning would only add noise to the log.
+    """
+    Image.MAX_IMAGE_PIXELS = spec.max_pixels
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+def decode(data: bytes, spec: ImageSpec) -> Image.Image:
+    """Bytes -> RGB image, or the contract's error. Only the header is read before the size check."""
+    if not data:
+        raise EmptyImage()
+    try:
+        image = Image.open(io.BytesIO(data))
+        width, height = image.size
+        if width * height > spec.max_pixels:
+            raise TooLarge(f"image is {width}x{height} pixels; the limit is {spec.max_pixels:,} pixels")
+        image.load()  # decodes (the first frame of an animation); truncated files fail here
+        return image if image.mode == "RGB" else image.convert("RGB")
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise TooLarge(f"image is too large to decode safely: {e}") from e
+    except UnidentifiedImageError as e:
+        raise InvalidImage("the uploaded file is not an image format this service reads") from e
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        raise InvalidImage(f"the uploaded file is not a readable image ({type(e).__name__}: {e})") from e
+
+
+def resized_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    """torchvision's Resize(int) output size: the short side becomes `short_side`, the long side scales."""
+    if width <= height:
+        return short_side, int(short_side * height / width)
+    return int(short_side * width / height), short_side
+
+
+def to_tensor(image: Image.Image, spec: ImageSpec) -> npt.NDArray[np.float32]:
+    """RGB image -> float32 array of spec.shape, equal to the torchvision pipeline's output."""
+    width, height = image.size
+    new_w, new_h = resized_size(width, height, spec.resize)
+    if new_w * new_h > spec.max_pixels:
+        raise TooLarge(f"image {width}x{height} is too elongated: resizing it would make {new_w}x{new_h} pixels")
+    if (new_w, new_h) != (width, height):  # torchvision skips the resize at the target size
+        image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
+    top = round((new_h - spec.crop) / 2.0)
+    left = round((new_w - spec.crop) / 2.0)
+    pixels = np.asarray(image)[top:top + spec.crop, left:left + spec.crop]
+    out = np.empty(spec.shape, dtype=np.float32)
+    for channel in range(3):
+        np.take(spec.table[channel], pixels[:, :, channel], out=out[channel])
+    return out

@@ -1,0 +1,83 @@
+"""One /predict request as named, timed stages: decode -> preprocess -> route/infer -> postprocess.
+
+No Flask here: the API layer hands over bytes and gets a contract.Prediction list or a ShimError.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from app import metrics, preprocess
+from app.batching import Upstream
+from app.contract import Prediction
+from app.routing import RequestContext, Router
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Answer:
+    model: str
+    predictions: list[Prediction]
+    backend: str
+
+
+def load_labels(path: Path) -> tuple[str, ...]:
+    try:
+        labels = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+    except OSError as e:
+        raise FileNotFoundError(f"labels file {path} cannot be read ({e.strerror}); run `make export` "
+                                "or set SHIM_LABELS_PATH") from e
+    if not labels:
+        raise ValueError(f"labels file {path} is empty")
+    return labels
+
+
+def top_k(logits: npt.NDArray[np.float32], labels: tuple[str, ...], k: int) -> list[Prediction]:
+    """Softmax in float32, as torch.softmax computes it, then the k best classes."""
+    shifted = logits.astype(np.float32) - logits.max()
+    exp = np.exp(shifted)
+    probs = exp / exp.sum(dtype=np.float32)
+    best = np.argsort(-probs, kind="stable")[:k]
+    return [Prediction(label=labels[i], class_id=int(i), score=float(probs[i])) for i in best]
+
+
+class PredictService:
+    def __init__(self, *, model_name: str, spec: preprocess.ImageSpec, labels: tuple[str, ...], top_k: int,
+                 router: Router, upstream: Upstream) -> None:
+        self.model_name = model_name
+        self._spec = spec
+        self._labels = labels
+        self._k = top_k
+        self._router = router
+        self._upstream = upstream
+
+    def predict(self, data: bytes, ctx: RequestContext) -> Answer:
+        with self._upstream.admitted() as admission:
+            decision = self._router.decide(ctx)
+            ctx.notes["backend"] = decision.backend
+            stage = _Stages(decision.backend)
+            image = stage("decode", lambda: preprocess.decode(data, self._spec))
+            tensor = stage("preprocess", lambda: preprocess.to_tensor(image, self._spec))
+            logits = self._router.infer(tensor, ctx, decision, admission)  # queue and infer are timed inside
+        predictions = stage("postprocess", lambda: top_k(logits, self._labels, self._k))
+        return Answer(self.model_name, predictions, decision.backend)
+
+
+class _Stages:
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def __call__(self, name: str, work: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        try:
+            return work()
+        finally:
+            metrics.STAGE_SECONDS.labels(name, self.backend).observe(time.perf_counter() - started)

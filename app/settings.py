@@ -1,0 +1,129 @@
+"""Every setting of the shim: one frozen, typed object read from SHIM_* variables, validated at start."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+PREFIX = "SHIM_"
+
+
+class SettingsError(ValueError):
+    """A bad value: the message names the variable, what it got and what it allows."""
+
+
+class Mode(enum.StrEnum):
+    """Where /predict traffic goes (see app/routing.py)."""
+
+    LEGACY = "legacy"    # the in-process PyTorch model, as before the migration
+    TRITON = "triton"    # Triton answers every request
+    SHADOW = "shadow"    # legacy answers; a share of requests is also sent to Triton and compared
+    CANARY = "canary"    # a sticky share of clients is answered by Triton, the rest by legacy
+
+
+def _env(name: str) -> str:
+    return PREFIX + name.upper()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    # Triton
+    triton_url: str = "127.0.0.1:8000"
+    model_name: str = "resnet50"
+    model_version: str = ""  # "" = the version Triton's policy serves (the newest, by default)
+    triton_connect_timeout_s: float = 1.0
+    triton_timeout_s: float = 10.0  # network timeout of one Triton request
+    # Batching inside one worker
+    max_batch_size: int = 32  # also capped by the model's own max_batch_size
+    batch_delay_ms: float = 2.0  # the longest a request waits for others while more are on their way
+    batch_senders: int = 2  # Triton requests in flight at once per worker
+    # The legacy in-process path
+    legacy_model_path: Path = Path("triton_repo/resnet50/1/model.pt")
+    legacy_threads: int = 0  # torch intra-op threads; 0 = torch's default
+    labels_path: Path = Path("triton_repo/resnet50/labels.txt")
+    # Traffic
+    mode: Mode = Mode.TRITON
+    # The request contract
+    top_k: int = 5
+    max_upload_mb: float = 16.0
+    max_image_pixels: int = 40_000_000  # larger images are refused before they are decoded
+    # Serving
+    host: str = "0.0.0.0"
+    port: int = 5000
+    workers: int = 2
+    threads: int = 8
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        host, _, port = self.triton_host_port.rpartition(":")
+        _check(bool(host) and port.isdigit() and "/" not in host, "triton_url", self.triton_url,
+               "host:port, e.g. 127.0.0.1:8000 or triton:8000")
+        _check(bool(self.model_name), "model_name", self.model_name, "a model name")
+        _check(self.model_version == "" or self.model_version.isdigit(), "model_version", self.model_version,
+               "empty (the served version) or a version number")
+        for name in ("triton_connect_timeout_s", "triton_timeout_s", "max_upload_mb"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
+        _check(0 <= self.batch_delay_ms <= 1000, "batch_delay_ms", self.batch_delay_ms, "0 to 1000")
+        for name, low, high in [("max_batch_size", 1, 1024), ("batch_senders", 1, 64), ("top_k", 1, 1000),
+                                ("port", 1, 65535), ("workers", 1, 256), ("threads", 1, 1024),
+                                ("legacy_threads", 0, 1024), ("max_image_pixels", 1, 1 << 31)]:
+            value = getattr(self, name)
+            _check(low <= value <= high, name, value, f"a whole number from {low} to {high}")
+        _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level", self.log_level,
+               "DEBUG, INFO, WARNING or ERROR")
+
+    @property
+    def triton_host_port(self) -> str:
+        return self.triton_url.removeprefix("http://").rstrip("/")
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read SHIM_<FIELD> for every field; `overrides` win (tests pass their own values)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if _env(f.name) not in env:
+                continue
+            values[f.name] = _parse(f.name, env[_env(f.name)], _field_type(f))
+        if "mode" not in values and _env("backend") in env:  # SHIM_BACKEND=legacy|triton, the first name
+            values["mode"] = _parse("backend", env[_env("backend")], Mode)
+        return cls(**{**values, **overrides})
+
+
+def _field_type(f: dataclasses.Field[Any]) -> Callable[[str], Any]:
+    defaults: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float": float, "Path": Path,
+                                                  "Mode": Mode, "bool": _parse_bool}
+    return defaults[str(f.type)]
+
+
+def _parse(name: str, raw: str, kind: Callable[[str], T]) -> T:
+    try:
+        return kind(raw.strip())
+    except ValueError:
+        allowed = {int: "a whole number", float: "a number", Mode: " | ".join(Mode),
+                   _parse_bool: "true or false"}.get(kind, "a valid value")
+        raise SettingsError(f"{_env(name)}={raw!r} is not valid: expected {allowed}") from None
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(raw)
+
+
+def _check(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise SettingsError(f"{_env(name)}={value!r} is not valid: expected {allowed}")

@@ -1,0 +1,57 @@
+"""gunicorn settings for the shim: `gunicorn -c gunicorn.conf.py` (the app is named below).
+
+Everything comes from the same SHIM_* settings the app reads; a bad value stops the master before any
+worker starts, with a message that names the variable.
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+
+from app.settings import Settings, SettingsError
+
+try:
+    _settings = Settings.from_env()
+except SettingsError as _error:
+    sys.stderr.write(f"flask-triton-shim: {_error}\n")
+    sys.exit(2)
+
+wsgi_app = "app:create_app()"
+bind = f"{_settings.host}:{_settings.port}"
+workers = _settings.workers
+worker_class = "gthread"
+threads = _settings.threads
+# Never preload: tritonclient's HTTP client breaks when created before a fork, and torch with it.
+preload_app = False
+timeout = 60
+graceful_timeout = 20
+keepalive = 5
+accesslog = None  # the app logs every /predict as one JSON line with its request ID
+errorlog = "-"
+loglevel = _settings.log_level.lower()
+control_socket_disable = True  # gunicorn >= 25: several shims on one host would share one socket
+
+# prometheus_client multiprocess mode: every worker writes its metrics to this folder.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shim-metrics-")
+_metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+
+def on_starting(server):
+    """Values left by an earlier run would be added to this one's."""
+    shutil.rmtree(_metrics_dir, ignore_errors=True)
+    os.makedirs(_metrics_dir, exist_ok=True)
+
+
+def child_exit(server, worker):
+    from app.metrics import mark_worker_dead
+
+    mark_worker_dead(worker.pid)
+
+
+def worker_exit(server, worker):
+    app = getattr(worker, "wsgi", None)
+    shim = getattr(app, "extensions", {}).get("shim") if app is not None else None
+    if shim is not None:
+        shim.close()  # closes Triton connections, so Triton's own shutdown does not wait on them

@@ -1,0 +1,60 @@
+"""Bad input gets a 4xx in the contract's shape, never a 5xx, and the shim keeps answering."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import requests
+
+from tests.conftest import ServedApp
+from tests.support import encode, photo
+from tests.uploads import Upload, bad_uploads, png_header_only
+
+pytestmark = pytest.mark.triton
+
+
+def nasty_uploads() -> list[Upload]:
+    rng = np.random.default_rng(7)
+    jpeg = encode(photo(320, 240, seed=1), "JPEG")
+    return [
+        *bad_uploads(),
+        Upload("64 MiB upload", 413, files={"image": ("huge.jpg", b"\0" * (64 * 1024 * 1024))}),
+        Upload("jpeg header then noise", 400, files={"image": ("x.jpg", jpeg[:200] + rng.bytes(5000))}),
+        Upload("bomb just over the limit", 413, files={"image": ("b.png", png_header_only(8000, 5001))}),
+        Upload("1x100000 strip", 413, files={"image": ("strip.png", encode(np.zeros((1, 100_000, 3), np.uint8),
+                                                                             "PNG"))}),
+        Upload("form field, not a file", 400, kwargs={"data": {"image": "not a file"}}),
+        Upload("raw jpeg body", 400, kwargs={"data": jpeg, "headers": {"Content-Type": "image/jpeg"}}),
+        Upload("broken multipart", 400, kwargs={
+            "data": b"--xyz\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a\"\r\n\r\nabc",
+            "headers": {"Content-Type": "multipart/form-data; boundary=xyz"}}),
+        Upload("unicode filename", 400, files={"image": ("\u00e9\u00e8\U0001f600.jpg", b"not an image")}),
+        Upload("PUT", 405, method="PUT", files={"image": ("a.jpg", jpeg)}),
+        *[Upload(f"fuzz {i}", 400, files={"image": ("f.jpg", jpeg[:rng.integers(2, 600)] +
+                                                    rng.bytes(int(rng.integers(0, 3000))))}) for i in range(12)],
+    ]
+
+
+@pytest.mark.parametrize("connection", ["new connection each", "one keep-alive session"])
+@pytest.mark.parametrize("server", ["shim_triton", "shim_legacy"])
+def test_bad_input_is_refused_with_a_4xx_and_the_shim_still_answers(server: str, connection: str,
+                                                                    request: pytest.FixtureRequest) -> None:
+    shim: ServedApp = request.getfixturevalue(server)
+    session = requests.Session() if connection == "one keep-alive session" else None
+    seen = {}
+    for upload in nasty_uploads():
+        try:  # a refused body must not poison the connection for the client's next request
+            answer = upload.send(shim.url, session=session)
+        except requests.ConnectionError as e:
+            pytest.fail(f"{upload.name}: the connection broke instead of a contract answer: {e}")
+        seen[upload.name] = answer.status_code
+        assert 400 <= answer.status_code < 500, (upload.name, answer.status_code, answer.text)
+        assert answer.status_code == upload.status, (upload.name, answer.text)
+        body = answer.json()
+        assert set(body) == {"error", "message"}, (upload.name, body)
+    good = (session or requests).post(shim.url + "/predict", files={"image": encode(photo(640, 480), "JPEG")},
+                                      timeout=60)
+    assert good.status_code == 200, good.text
+    assert requests.get(shim.url + "/readyz", timeout=10).status_code == 200
+    assert "Traceback" not in shim.log(), "an error escaped to the log as a traceback"
+    assert len(seen) == len(nasty_uploads())

@@ -1,0 +1,73 @@
+"""app/backends/triton.py against the real server: metadata checks and error translation."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import numpy as np
+import pytest
+
+from app.backends.triton import ModelMismatch, TritonBackend, check_model
+from app.embedded_triton import EmbeddedTriton
+from app.errors import BackendTimeout, BackendUnavailable
+
+pytestmark = pytest.mark.triton
+IMAGE = (3, 224, 224)
+
+
+def backend(url: str, model: str = "resnet50", classes: int = 1000, timeout_s: float = 10) -> TritonBackend:
+    return TritonBackend(url=url, model=model, version="", connect_timeout_s=1, network_timeout_s=timeout_s,
+                         image_shape=IMAGE, classes=classes, max_batch_size=64)
+
+
+def test_ready_model_with_matching_metadata(triton: EmbeddedTriton) -> None:
+    b = backend(triton.http_url)
+    state = b.ready()
+    assert state.ready, state.detail
+    assert b.max_batch_size == 32, "capped by the model's own max_batch_size"
+    logits = b.infer(np.zeros((2, *IMAGE), np.float32), ["a", "b"])
+    assert logits.shape == (2, 1000)
+    b.close()
+
+
+@pytest.mark.parametrize(("model", "classes", "message"), [
+    ("pipeline", 1000, r"input 'raw_image' is UINT8 \[-1, -1, -1, 3\]; the shim sends FP32 \[-1, 3, 224, 224\]"),
+    ("resnet50", 10, r"output 'output__0' is FP32 \[-1, 1000\]; the shim expects FP32 \[-1, 10\]"),
+    ("no_such_model", 1000, r"Triton model 'no_such_model' at .* is (unavailable|not ready)"),
+])
+def test_a_mismatch_or_missing_model_keeps_readiness_off_with_one_clear_message(
+        triton: EmbeddedTriton, model: str, classes: int, message: str) -> None:
+    b = backend(triton.http_url, model=model, classes=classes)
+    state = b.ready()
+    assert not state.ready
+    assert re.search(message, state.detail), state.detail
+    with pytest.raises(BackendUnavailable, match=message):
+        b.infer(np.zeros((1, *IMAGE), np.float32), ["x"])
+    b.close()
+
+
+def test_unreachable_is_503_and_silent_server_is_504() -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(BackendUnavailable, match="unreachable"):
+        backend(f"127.0.0.1:{port}").infer(np.zeros((1, *IMAGE), np.float32), ["x"])
+
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        b = backend(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=1)
+        with pytest.raises(BackendTimeout, match="did not answer within 1"):
+            b.infer(np.zeros((1, *IMAGE), np.float32), ["x"])
+        b.close()
+
+
+def test_check_model_accepts_the_articles_model() -> None:
+    meta = {"inputs": [{"name": "input__0", "datatype": "FP32", "shape": [-1, 3, 224, 224]}],
+            "outputs": [{"name": "output__0", "datatype": "FP32", "shape": [-1, 1000]}], "versions": ["1"]}
+    spec = check_model(meta, {"max_batch_size": 32}, image_shape=IMAGE, classes=1000, where="m")
+    assert (spec.input_name, spec.output_name, spec.max_batch_size) == ("input__0", "output__0", 32)
+    two_outputs = {**meta, "outputs": meta["outputs"] * 2}
+    with pytest.raises(ModelMismatch, match="1 inputs and 2 outputs"):
+        check_model(two_outputs, {}, image_shape=IMAGE, classes=1000, where="m")

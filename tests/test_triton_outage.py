@@ -1,0 +1,55 @@
+"""Triton stopped under a running shim: contract 503s and readiness 503, then recovery on its own."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from app.embedded_triton import EmbeddedTriton
+from tests.conftest import make_test_repo, start_shim
+from tests.support import encode, photo, wait_until
+
+pytestmark = pytest.mark.triton
+TIMEOUT_S = 3
+
+
+def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_path: Path,
+                                                                         test_model_pt: Path) -> None:
+    repo = make_test_repo(tmp_path / "triton_repo", test_model_pt)
+    from tests.conftest import start_triton
+
+    triton = start_triton(repo, tmp_path / "cache")
+    shim = start_shim(tmp_path, triton_url=triton.http_url, repo=repo, model_pt=test_model_pt,
+                      triton_timeout_s=TIMEOUT_S, triton_connect_timeout_s=1)
+    image = encode(photo(640, 480), "JPEG")
+    try:
+        shim.wait("/readyz")
+        assert requests.post(shim.url + "/predict", files={"image": image}, timeout=60).status_code == 200
+
+        triton.stop()
+        started = time.monotonic()
+        down = requests.post(shim.url + "/predict", files={"image": image}, timeout=60)
+        elapsed = time.monotonic() - started
+        assert down.status_code == 503, down.text
+        assert down.json()["error"] == "backend_unavailable"
+        assert set(down.json()) == {"error", "message"}
+        assert elapsed < TIMEOUT_S * 2 + 5, f"the 503 took {elapsed:.1f} s"
+        ready = requests.get(shim.url + "/readyz", timeout=30)
+        assert ready.status_code == 503 and ready.json()["ready"] is False
+        assert "unreachable" in ready.json()["backends"]["triton"]["detail"]
+
+        triton = EmbeddedTriton(triton.config).start()  # same ports: the shim's address is unchanged
+
+        def recovered() -> bool:
+            return requests.get(shim.url + "/readyz", timeout=30).status_code == 200
+
+        wait_until(recovered, 60, "the shim's readiness to recover")
+        for _ in range(4):  # every worker, whichever answers
+            again = requests.post(shim.url + "/predict", files={"image": image}, timeout=60)
+            assert again.status_code == 200, again.text
+    finally:
+        shim.stop()
+        triton.stop()
