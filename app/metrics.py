@@ -48,6 +48,20 @@ INFLIGHT = Gauge(
     "shim_inflight_requests", "POST /predict requests being handled now", multiprocess_mode="livesum")
 
 
+FALLBACK_REASONS = ("backend_unavailable", "backend_timeout", "backend_error", "circuit_open")
+SHADOW_RESULTS = ("match", "mismatch", "error", "skipped")
+
+
+def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
+    """Create every known label set at zero, so that dashboards and alerts see a series from the start."""
+    for reason in FALLBACK_REASONS:
+        FALLBACKS.labels(reason)
+    for result in SHADOW_RESULTS:
+        SHADOW_COMPARISONS.labels(result)
+    for backend in backends:
+        CIRCUIT_OPEN.labels(backend).set(0)
+
+
 def exposition() -> bytes:
     """The text /metrics serves: every worker's values when running under gunicorn."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app import metrics
 from app.batching import Batcher, Upstream
 from app.preprocess import ImageSpec, configure_pillow
 from app.routing import Router
@@ -26,6 +27,7 @@ def build_shim(settings: Settings) -> Shim:
     from app.backends.legacy import LegacyBackend
     from app.backends.triton import TritonBackend
 
+    metrics.initialize()
     spec = ImageSpec(max_pixels=settings.max_image_pixels)
     configure_pillow(spec)
     labels = load_labels(settings.labels_path)
