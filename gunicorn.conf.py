@@ -32,10 +32,21 @@ errorlog = "-"
 loglevel = _settings.log_level.lower()
 control_socket_disable = True  # gunicorn >= 25: several shims on one host would share one socket
 
+# Folders made for this run only, removed when gunicorn exits.
+_scratch = []
+
 # prometheus_client multiprocess mode: every worker writes its metrics to this folder.
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shim-metrics-")
+    _scratch.append(os.environ["PROMETHEUS_MULTIPROC_DIR"])
 _metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+# The traffic flag file that all workers watch. Unset, each run gets its own (switches last until a
+# restart); set SHIM_FLAG_FILE to a path on a volume to keep a switch, or a rollback, across restarts.
+if not os.environ.get("SHIM_FLAG_FILE"):
+    _flag_dir = tempfile.mkdtemp(prefix="shim-traffic-")
+    os.environ["SHIM_FLAG_FILE"] = os.path.join(_flag_dir, "traffic.json")
+    _scratch.append(_flag_dir)
 
 
 def on_starting(server):
@@ -55,3 +66,8 @@ def worker_exit(server, worker):
     shim = getattr(app, "extensions", {}).get("shim") if app is not None else None
     if shim is not None:
         shim.close()  # closes Triton connections, so Triton's own shutdown does not wait on them
+
+
+def on_exit(server):
+    for folder in _scratch:
+        shutil.rmtree(folder, ignore_errors=True)

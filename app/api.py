@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
 import time
@@ -12,15 +13,16 @@ from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from app import contract, metrics
-from app.errors import MissingImage, ShimError
+from app.errors import Forbidden, InvalidRequest, MissingImage, ShimError, Unauthorized
 from app.logs import REQUEST_ID
-from app.routing import RequestContext
+from app.routing import RequestContext, describe
 from app.wiring import Shim
 
 log = logging.getLogger(__name__)
 bp = Blueprint("shim", __name__)
 
 REQUEST_ID_HEADER = "X-Request-ID"
+BACKEND_HEADER = "X-Shim-Backend"  # on answers: which backend answered; on requests: the QA override
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 DRAIN_LIMIT = 256 * 1024 * 1024  # read and drop refused uploads up to this size so the client sees the 413
 
@@ -64,14 +66,25 @@ def predict() -> Response:
     upload = request.files.get(contract.IMAGE_FIELD)
     if upload is None:
         raise MissingImage()
-    ctx = RequestContext(request_id=g.request_id, routing_key=request.remote_addr or "")
+    settings = shim().settings
+    forced = request.headers.get(BACKEND_HEADER) if settings.override_header else None
+    ctx = RequestContext(request_id=g.request_id, routing_key=_routing_key(settings.canary_header),
+                         forced_backend=forced)
     metrics.INFLIGHT.inc()
     try:
         answer = shim().service.predict(upload.read(), ctx)
     finally:
         metrics.INFLIGHT.dec()
         g.backend = ctx.notes.get("backend", "none")
-    return jsonify(contract.prediction_body(answer.model, answer.predictions))
+    response = jsonify(contract.prediction_body(answer.model, answer.predictions))
+    response.headers[BACKEND_HEADER] = answer.backend
+    return response
+
+
+def _routing_key(header: str) -> str:
+    """The canary targeting key: the configured header, else the first forwarded client, else the peer."""
+    forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
+    return request.headers.get(header) or forwarded or request.remote_addr or ""
 
 
 @bp.get("/healthz")
@@ -85,6 +98,37 @@ def readyz() -> tuple[Response, int]:
     body = {"ready": ready, "mode": shim().router.mode.value,
             "backends": {name: {"ready": s.ready, "detail": s.detail} for name, s in states.items()}}
     return jsonify(body), 200 if ready else 503
+
+
+@bp.get("/traffic")
+def traffic() -> Response:
+    """Read-only: the mode in force in this worker, where it came from, the circuit's state."""
+    router = shim().router
+    return jsonify(describe(router.flag.current(), router))
+
+
+@bp.put("/admin/traffic")
+def change_traffic() -> Response:
+    """Switch the mode (or canary/shadow share) for every worker: {"mode": "canary", "canary_percent": 10}."""
+    _require_admin()
+    changes = request.get_json(silent=True)
+    if not isinstance(changes, dict):
+        raise InvalidRequest("send a JSON object, e.g. {\"mode\": \"canary\", \"canary_percent\": 10}")
+    router = shim().router
+    state = router.flag.write(changes, updated_by="admin-api")
+    log.warning("traffic changed through the admin API: %s", state.to_json(), extra={"client": request.remote_addr})
+    return jsonify(describe(state, router))
+
+
+def _require_admin() -> None:
+    token = shim().settings.admin_token
+    if not token:
+        raise Forbidden("the admin API is off: set SHIM_ADMIN_TOKEN to enable it")
+    scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not offered:
+        raise Unauthorized()
+    if not hmac.compare_digest(offered.encode(), token.encode()):
+        raise Forbidden()
 
 
 @bp.get("/metrics")

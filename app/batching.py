@@ -86,9 +86,10 @@ class Batcher:
         self._pid: int | None = None
         self._closed = False
 
-    def submit(self, tensor: npt.NDArray[np.float32], request_id: str,
-               admission: Admission | None = None) -> npt.NDArray[np.float32]:
+    def submit(self, tensor: npt.NDArray[np.float32], request_id: str, admission: Admission | None = None,
+               timeout_s: float | None = None) -> npt.NDArray[np.float32]:
         """The logits row for this one image; raises the request's own ShimError."""
+        timeout_s = self._result_timeout_s if timeout_s is None else timeout_s
         self._ensure_started()
         pending = _Pending(tensor, request_id)
         with self._cond:
@@ -99,11 +100,10 @@ class Batcher:
                 admission.leave()  # no longer on its way: it is here
             self._cond.notify_all()
         try:
-            return pending.future.result(timeout=self._result_timeout_s)
+            return pending.future.result(timeout=timeout_s)
         except FutureTimeout:
             pending.future.cancel()
-            raise BackendTimeout(f"no answer from {self.backend.name} within {self._result_timeout_s:.0f} s "
-                                 "(queued in the shim)") from None
+            raise BackendTimeout(f"no answer from {self.backend.name} within {timeout_s:g} s") from None
 
     def close(self) -> None:
         with self._cond:

@@ -5,6 +5,8 @@
     │   ├── MissingImage                no multipart field `image`
     │   ├── EmptyImage                  the file is empty
     │   └── InvalidImage                not a decodable image
+    ├── Unauthorized (401)              admin API without a bearer token
+    ├── Forbidden (403)                 admin API with a wrong token, or switched off
     ├── TooLarge (413)                  upload bytes or image pixels over the limits
     └── BackendError (502)              a backend failed to answer
         ├── BackendUnavailable (503)    unreachable, not ready, circuit open
@@ -46,6 +48,18 @@ class EmptyImage(InvalidRequest):
 class InvalidImage(InvalidRequest):
     code = "invalid_image"
     default_message = "the uploaded file is not a readable image"
+
+
+class Unauthorized(ShimError):
+    status = 401
+    code = "unauthorized"
+    default_message = "this endpoint needs 'Authorization: Bearer <SHIM_ADMIN_TOKEN>'"
+
+
+class Forbidden(ShimError):
+    status = 403
+    code = "forbidden"
+    default_message = "the token is not valid"
 
 
 class TooLarge(ShimError):

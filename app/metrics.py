@@ -31,6 +31,8 @@ BACKEND_ERRORS = Counter(
     "shim_backend_errors", "Failed backend calls, by backend and error code", ["backend", "code"])
 FALLBACKS = Counter(
     "shim_fallbacks", "Requests answered by legacy because Triton could not answer, by reason", ["reason"])
+ROLLBACKS = Counter(
+    "shim_auto_rollbacks", "Times the canary share was dropped to 0 because Triton's error rate passed the threshold")
 SHADOW_COMPARISONS = Counter(
     "shim_shadow_comparisons", "Shadow requests by outcome: match, mismatch, error, skipped", ["result"])
 SHADOW_SCORE_DIFF = Histogram(

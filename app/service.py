@@ -68,7 +68,7 @@ class PredictService:
             tensor = stage("preprocess", lambda: preprocess.to_tensor(image, self._spec))
             logits = self._router.infer(tensor, ctx, decision, admission)  # queue and infer are timed inside
         predictions = stage("postprocess", lambda: top_k(logits, self._labels, self._k))
-        return Answer(self.model_name, predictions, decision.backend)
+        return Answer(self.model_name, predictions, ctx.notes["backend"])
 
 
 class _Stages:

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,8 +47,26 @@ class Settings:
     legacy_model_path: Path = Path("triton_repo/resnet50/1/model.pt")
     legacy_threads: int = 0  # torch intra-op threads; 0 = torch's default
     labels_path: Path = Path("triton_repo/resnet50/labels.txt")
-    # Traffic
+    # Traffic (the initial state; a flag file changes it at run time in every worker)
     mode: Mode = Mode.TRITON
+    flag_file: Path | None = None  # gunicorn.conf.py makes a per-run file when unset
+    flag_poll_s: float = 0.5  # how stale a worker's view of the flag file may be
+    canary_percent: int = 0
+    canary_header: str = "X-User-Id"  # sticky canary key; the client address when absent
+    shadow_percent: int = 100
+    shadow_max_inflight: int = 4  # per worker; more shadow requests are skipped, never queued
+    shadow_timeout_s: float = 5.0
+    shadow_tolerance: float = 1e-3  # largest score difference that still counts as a match
+    shadow_log_per_minute: int = 10  # mismatch samples logged per worker per minute
+    override_header: bool = False  # honour X-Shim-Backend: legacy|triton on a request (QA)
+    fallback: bool = False  # answer from legacy when Triton fails (needs the legacy model in each worker)
+    breaker_failures: int = 5  # consecutive Triton failures that open the circuit
+    breaker_reset_s: float = 10.0  # how long the circuit stays open before one probe request
+    auto_rollback: bool = False  # canary share to 0 when Triton's error rate passes the threshold
+    rollback_error_rate: float = 0.2
+    rollback_window_s: float = 60.0
+    rollback_min_requests: int = 20
+    admin_token: str = field(default="", repr=False)  # bearer token of PUT /admin/traffic; empty: API off
     # The request contract
     top_k: int = 5
     max_upload_mb: float = 16.0
@@ -69,10 +87,20 @@ class Settings:
                "empty (the served version) or a version number")
         for name in ("triton_connect_timeout_s", "triton_timeout_s", "max_upload_mb"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
+        for name in ("flag_poll_s", "shadow_timeout_s", "breaker_reset_s", "rollback_window_s"):
+            _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
+        for name in ("shadow_tolerance", "rollback_error_rate"):
+            _check(0 <= getattr(self, name) <= 1, name, getattr(self, name), "a number from 0 to 1")
+        _check(bool(self.canary_header.strip()), "canary_header", self.canary_header, "a header name")
+        _check(self.admin_token == "" or len(self.admin_token) >= 16, "admin_token", "<hidden>",
+               "empty (admin API off) or at least 16 characters")
         _check(0 <= self.batch_delay_ms <= 1000, "batch_delay_ms", self.batch_delay_ms, "0 to 1000")
         for name, low, high in [("max_batch_size", 1, 1024), ("batch_senders", 1, 64), ("top_k", 1, 1000),
                                 ("port", 1, 65535), ("workers", 1, 256), ("threads", 1, 1024),
-                                ("legacy_threads", 0, 1024), ("max_image_pixels", 1, 1 << 31)]:
+                                ("legacy_threads", 0, 1024), ("max_image_pixels", 1, 1 << 31),
+                                ("canary_percent", 0, 100), ("shadow_percent", 0, 100),
+                                ("shadow_max_inflight", 1, 256), ("shadow_log_per_minute", 0, 10000),
+                                ("breaker_failures", 1, 10000), ("rollback_min_requests", 1, 1 << 20)]:
             value = getattr(self, name)
             _check(low <= value <= high, name, value, f"a whole number from {low} to {high}")
         _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level", self.log_level,
@@ -102,7 +130,7 @@ class Settings:
 
 def _field_type(f: dataclasses.Field[Any]) -> Callable[[str], Any]:
     defaults: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float": float, "Path": Path,
-                                                  "Mode": Mode, "bool": _parse_bool}
+                                                  "Mode": Mode, "bool": _parse_bool, "Path | None": _optional_path}
     return defaults[str(f.type)]
 
 
@@ -113,6 +141,10 @@ def _parse(name: str, raw: str, kind: Callable[[str], T]) -> T:
         allowed = {int: "a whole number", float: "a number", Mode: " | ".join(Mode),
                    _parse_bool: "true or false"}.get(kind, "a valid value")
         raise SettingsError(f"{_env(name)}={raw!r} is not valid: expected {allowed}") from None
+
+
+def _optional_path(raw: str) -> Path | None:
+    return Path(raw) if raw else None
 
 
 def _parse_bool(raw: str) -> bool:

@@ -6,10 +6,13 @@ from dataclasses import dataclass
 
 from app import metrics
 from app.batching import Batcher, Upstream
+from app.breaker import CircuitBreaker
 from app.preprocess import ImageSpec, configure_pillow
-from app.routing import Router
+from app.routing import MODES_USING_LEGACY, Guardrails, Router
 from app.service import PredictService, load_labels
-from app.settings import Mode, Settings
+from app.settings import Settings
+from app.shadow import ShadowRunner
+from app.traffic import TrafficFlag, TrafficState
 
 
 @dataclass(frozen=True)
@@ -47,9 +50,20 @@ def build_shim(settings: Settings) -> Shim:
         # In-process torch already uses every core for one batch: one sender.
         "legacy": Batcher(legacy, upstream, max_delay_s=delay_s, senders=1, result_timeout_s=result_timeout_s),
     }
-    if settings.mode is not Mode.TRITON:
-        legacy.start_loading()
-    router = Router(mode=settings.mode, batchers=batchers)
+    breaker = CircuitBreaker("triton", failures=settings.breaker_failures, reset_s=settings.breaker_reset_s)
+    shadow = ShadowRunner(batchers["triton"], breaker, max_inflight=settings.shadow_max_inflight,
+                          timeout_s=settings.shadow_timeout_s, tolerance=settings.shadow_tolerance,
+                          top_k=settings.top_k, logs_per_minute=settings.shadow_log_per_minute)
+    initial = TrafficState(mode=settings.mode, canary_percent=settings.canary_percent,
+                           shadow_percent=settings.shadow_percent)
+    flag = TrafficFlag(settings.flag_file, initial, poll_s=settings.flag_poll_s)
+    guardrails = Guardrails(fallback=settings.fallback, auto_rollback=settings.auto_rollback,
+                            rollback_error_rate=settings.rollback_error_rate,
+                            rollback_window_s=settings.rollback_window_s,
+                            rollback_min_requests=settings.rollback_min_requests)
+    router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, guardrails=guardrails)
+    if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
+        legacy.start()  # load now, in the background, rather than on the first request
     service = PredictService(model_name=settings.model_name, spec=spec, labels=labels, top_k=settings.top_k,
                              router=router, upstream=upstream)
     return Shim(settings=settings, service=service, router=router)

@@ -44,6 +44,9 @@ class EchoBackend:
         logits[:, 0] = batch[:, 0, 0, 0]
         return logits
 
+    def start(self) -> None:
+        pass
+
     def ready(self) -> Readiness:
         return Readiness(not self.down, "down" if self.down else "up")
 

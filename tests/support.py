@@ -52,3 +52,22 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, inter
             return
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus endpoint as (name, labels, value)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(url, timeout=10).text
+    return [(s.name, dict(s.labels), float(s.value))
+            for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def metric_sum(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
+
+
+def metric_max(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    values = [v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())]
+    return max(values, default=0.0)

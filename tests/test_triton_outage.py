@@ -10,7 +10,7 @@ import requests
 
 from app.embedded_triton import EmbeddedTriton
 from tests.conftest import make_test_repo, start_shim
-from tests.support import encode, photo, wait_until
+from tests.support import encode, metric_max, photo, scrape, wait_until
 
 pytestmark = pytest.mark.triton
 TIMEOUT_S = 3
@@ -23,7 +23,8 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
 
     triton = start_triton(repo, tmp_path / "cache")
     shim = start_shim(tmp_path, triton_url=triton.http_url, repo=repo, model_pt=test_model_pt,
-                      triton_timeout_s=TIMEOUT_S, triton_connect_timeout_s=1)
+                      triton_timeout_s=TIMEOUT_S, triton_connect_timeout_s=1, breaker_failures=3, breaker_reset_s=1,
+                      workers=1)
     image = encode(photo(640, 480), "JPEG")
     try:
         shim.wait("/readyz")
@@ -37,6 +38,11 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
         assert down.json()["error"] == "backend_unavailable"
         assert set(down.json()) == {"error", "message"}
         assert elapsed < TIMEOUT_S * 2 + 5, f"the 503 took {elapsed:.1f} s"
+        for _ in range(3):  # the breaker opens: later requests are refused without calling Triton
+            again = requests.post(shim.url + "/predict", files={"image": image}, timeout=60)
+            assert again.status_code == 503 and again.json()["error"] == "backend_unavailable"
+        assert "circuit is open" in again.json()["message"]
+        assert metric_max(scrape(shim.url + "/metrics"), "shim_circuit_open", backend="triton") == 1
         ready = requests.get(shim.url + "/readyz", timeout=30)
         assert ready.status_code == 503 and ready.json()["ready"] is False
         assert "unreachable" in ready.json()["backends"]["triton"]["detail"]
@@ -47,9 +53,11 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
             return requests.get(shim.url + "/readyz", timeout=30).status_code == 200
 
         wait_until(recovered, 60, "the shim's readiness to recover")
-        for _ in range(4):  # every worker, whichever answers
+        time.sleep(1)  # the breaker's cool-down: the next request is its probe
+        for _ in range(4):
             again = requests.post(shim.url + "/predict", files={"image": image}, timeout=60)
             assert again.status_code == 200, again.text
+        assert metric_max(scrape(shim.url + "/metrics"), "shim_circuit_open", backend="triton") == 0
     finally:
         shim.stop()
         triton.stop()

@@ -28,6 +28,9 @@ class Backend(Protocol):
     @property
     def max_batch_size(self) -> int: ...
 
+    def start(self) -> None:
+        """Begin whatever loading the backend needs, in the background; idempotent, never blocks."""
+
     def infer(self, batch: npt.NDArray[np.float32], request_ids: Sequence[str]) -> npt.NDArray[np.float32]: ...
 
     def ready(self) -> Readiness: ...

@@ -41,7 +41,7 @@ class LegacyBackend:
     def max_batch_size(self) -> int:
         return self._max_batch
 
-    def start_loading(self) -> None:
+    def start(self) -> None:
         with self._lock:
             if self._started:
                 return
@@ -58,7 +58,7 @@ class LegacyBackend:
         return Readiness(True, f"legacy model {self.model_path} is loaded")
 
     def infer(self, batch: npt.NDArray[np.float32], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
-        self.start_loading()
+        self.start()
         if not self._loaded.wait(self._load_timeout_s) or self._model is None:
             raise BackendUnavailable(self._error or f"legacy model {self.model_path} is still loading")
         import torch

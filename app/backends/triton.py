@@ -80,6 +80,9 @@ class TritonBackend:
         spec = self._spec
         return min(self._max_batch, spec.max_batch_size) if spec else self._max_batch
 
+    def start(self) -> None:
+        """Nothing to load: the first call in each thread makes its client; metadata comes on first use."""
+
     def ready(self) -> Readiness:
         """Model ready on Triton and its metadata checked again (a reload may have changed it)."""
         try:

@@ -1,0 +1,119 @@
+"""Shadow traffic: the client gets the legacy answer; Triton's answer to the same tensor is compared.
+
+Shadow calls run on a small pool of threads off the request path. At most `max_inflight` run at once
+per worker; a request that finds them all busy is not shadowed (counted as skipped), so a slow or dead
+Triton never slows a client down. An open circuit skips shadowing too. Results are published as metrics,
+and a few mismatches per minute are logged with both top-k lists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from app import metrics
+from app.batching import Batcher
+from app.breaker import CircuitBreaker
+from app.errors import ShimError
+
+log = logging.getLogger(__name__)
+
+
+def softmax(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    exp = np.exp(logits.astype(np.float32) - logits.max())
+    return exp / exp.sum(dtype=np.float32)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    same_top1: bool
+    topk_overlap: float  # share of legacy's top-k that Triton's top-k also holds
+    max_abs_diff: float  # largest difference of any class score
+    matched: bool
+
+
+def compare(legacy: npt.NDArray[np.float32], candidate: npt.NDArray[np.float32], *, k: int,
+            tolerance: float) -> Comparison:
+    p, q = softmax(legacy), softmax(candidate)
+    top_p, top_q = np.argsort(-p, kind="stable")[:k], np.argsort(-q, kind="stable")[:k]
+    same_top1 = bool(top_p[0] == top_q[0])
+    overlap = len(set(top_p.tolist()) & set(top_q.tolist())) / k
+    diff = float(np.abs(p - q).max())
+    return Comparison(same_top1, overlap, diff, same_top1 and overlap == 1.0 and diff <= tolerance)
+
+
+class ShadowRunner:
+    def __init__(self, batcher: Batcher, breaker: CircuitBreaker, *, max_inflight: int, timeout_s: float,
+                 tolerance: float, top_k: int, logs_per_minute: int) -> None:
+        self._batcher = batcher
+        self._breaker = breaker
+        self._max_inflight = max_inflight
+        self._slots = threading.BoundedSemaphore(max_inflight)
+        self._timeout_s = timeout_s
+        self._tolerance = tolerance
+        self._k = top_k
+        self._logs_per_minute = logs_per_minute
+        self._logged: list[float] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def offer(self, tensor: npt.NDArray[np.float32], legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
+        """Shadow this request if a slot is free and the circuit allows; never blocks."""
+        if not self._slots.acquire(blocking=False):
+            metrics.SHADOW_COMPARISONS.labels("skipped").inc()
+            return
+        if not self._breaker.allow():
+            self._slots.release()
+            metrics.SHADOW_COMPARISONS.labels("skipped").inc()
+            return
+        self._executor().submit(self._run, tensor, legacy_logits, request_id)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:  # threads do not survive a fork: a pool per process
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(self._max_inflight, thread_name_prefix="shadow")
+                self._pid = os.getpid()
+            return self._pool
+
+    def _run(self, tensor: npt.NDArray[np.float32], legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
+        try:
+            candidate = self._batcher.submit(tensor, f"{request_id}-shadow", timeout_s=self._timeout_s)
+        except ShimError as e:
+            self._breaker.record_failure()
+            metrics.SHADOW_COMPARISONS.labels("error").inc()
+            log.debug("shadow request failed: %s", e.message)
+            return
+        finally:
+            self._slots.release()
+        self._breaker.record_success()
+        result = compare(legacy_logits, candidate, k=self._k, tolerance=self._tolerance)
+        metrics.SHADOW_SCORE_DIFF.observe(result.max_abs_diff)
+        metrics.SHADOW_COMPARISONS.labels("match" if result.matched else "mismatch").inc()
+        if not result.matched and self._may_log():
+            log.warning("shadow mismatch: top-1 %s, top-%d overlap %.0f%%, max score difference %.2g",
+                        "same" if result.same_top1 else "differs", self._k, result.topk_overlap * 100,
+                        result.max_abs_diff, extra={
+                            "request_id": request_id,
+                            "legacy_top": np.argsort(-legacy_logits)[:self._k].tolist(),
+                            "triton_top": np.argsort(-candidate)[:self._k].tolist()})
+
+    def _may_log(self) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            self._logged = [t for t in self._logged if now - t < 60]
+            if len(self._logged) >= self._logs_per_minute:
+                return False
+            self._logged.append(now)
+            return True
