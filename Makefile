@@ -7,8 +7,9 @@ PY     := $(VENV)/bin/python
 ARCH   ?= resnet50
 MODEL  := triton_repo/resnet50/1/model.pt
 PYTEST_ARGS ?=
+PROMTOOL := .cache/tools/promtool
 
-.PHONY: help install export triton run test lint clean
+.PHONY: help install export triton run test lint clean promtool
 
 help:
 	@echo "make run     - export the model, start a local Triton (wheel, CPU) and the shim on :5000"
@@ -16,6 +17,7 @@ help:
 	@echo "make triton  - only the local Triton on :8000/:8001/:8002"
 	@echo "make export  - write $(MODEL) (ARCH=resnet50|resnet18, SHIM_MODEL_WEIGHTS=file.pth)"
 	@echo "make lint    - ruff and mypy"
+	@echo "make promtool - unpack promtool (Prometheus' checker) into .cache/tools for the deploy tests"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
@@ -38,8 +40,20 @@ triton: export
 run: export
 	$(PY) tools/run_local.py
 
-test: export lint
+test: export lint promtool
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# promtool (Prometheus' checker for deploy/prometheus/) is not on PyPI: it is taken out of Debian's
+# `prometheus` package, unpacked here without installing the server. Where apt is missing, the tests
+# that need it skip (and fail under CI=true).
+promtool: $(PROMTOOL)
+$(PROMTOOL):
+	@mkdir -p $(@D)
+	@cd $(@D) && if command -v apt-get >/dev/null; then \
+	  { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus; }; } \
+	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > promtool.tmp \
+	  && chmod +x promtool.tmp && mv promtool.tmp promtool; rm -f prometheus_*.deb promtool.tmp; \
+	else echo "no apt-get here: the promtool checks will be skipped"; fi
 
 lint: install
 	$(PY) -m ruff check app tools tests bench gunicorn.conf.py

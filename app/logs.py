@@ -20,6 +20,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            "pid": record.process,  # which gunicorn worker wrote the line
         }
         request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
         if request_id:

@@ -33,7 +33,7 @@ class ServedApp:
             try:
                 if requests.get(self.url + path, timeout=5).status_code == status:
                     return self
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # a worker still importing torch: ask again
                 pass
             time.sleep(0.25)
         raise AssertionError(f"{self.name}: {path} not {status} within {timeout_s} s:\n{self.log()}")

@@ -1,0 +1,59 @@
+# syntax=docker/dockerfile:1
+# The shim's image: Flask + gunicorn + tritonclient, forwarding /predict to Triton. Non-root, no compilers.
+#
+#   docker build -t flask-triton-shim .                                        # WITH_LEGACY=0, the default
+#   docker build --build-arg WITH_LEGACY=1 -t flask-triton-shim:legacy .
+#
+# WITH_LEGACY=0 (default) installs what SHIM_MODE=triton needs and nothing else: once the migration is
+# done the shim only forwards to Triton, and torch would be ~1 GB of dead weight, even as a CPU build.
+# WITH_LEGACY=1 adds the `legacy` extra (torch + torchvision as pinned in pyproject.toml, CPU builds) for
+# SHIM_MODE=legacy|shadow|canary, SHIM_FALLBACK and tools/export_model.py. docker-compose.yml builds
+# that one by default, so that the traffic flag can be switched there without a rebuild.
+#
+# The image expects the Triton model repository (labels.txt, and model.pt for the legacy modes) at
+# /models, mounted read-only: see docker-compose.yml and deploy/k8s/.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG WITH_LEGACY=0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app ./app
+# One virtualenv, copied whole into the runtime stage (no pip, cache or build files left behind there).
+# With WITH_LEGACY=1, PyTorch's CPU index is an extra index: for the versions pinned in pyproject.toml pip
+# then takes its "+cpu" wheels (they sort above PyPI's CUDA builds of the same version), ~200 MB instead
+# of several GB of CUDA libraries the shim never uses.
+RUN python -m venv /opt/shim \
+ && if [ "$WITH_LEGACY" = "1" ]; then \
+      /opt/shim/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[legacy]"; \
+    else \
+      /opt/shim/bin/pip install .; \
+    fi
+
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PATH=/opt/shim/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    SHIM_HOST=0.0.0.0 \
+    SHIM_PORT=5000 \
+    SHIM_LABELS_PATH=/models/resnet50/labels.txt \
+    SHIM_LEGACY_MODEL_PATH=/models/resnet50/1/model.pt
+# /var/run/shim holds the traffic flag file (SHIM_FLAG_FILE); a volume mounted there inherits this owner.
+RUN groupadd --system --gid 10001 shim \
+ && useradd --system --no-log-init --uid 10001 --gid shim --no-create-home --shell /usr/sbin/nologin shim \
+ && mkdir -p /var/run/shim \
+ && chown shim:shim /var/run/shim
+COPY --from=build /opt/shim /opt/shim
+WORKDIR /srv/shim
+COPY gunicorn.conf.py ./
+# The export tool imports torch only when run: useful in a WITH_LEGACY=1 image (the compose model-export service).
+COPY tools/export_model.py ./tools/
+USER 10001:10001
+EXPOSE 5000
+# No curl in the slim image: the standard library does the check (any error or non-2xx status exits 1).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('SHIM_PORT', '5000'), timeout=3)"]
+ENTRYPOINT ["gunicorn", "-c", "gunicorn.conf.py"]

@@ -1,0 +1,19 @@
+# syntax=docker/dockerfile:1
+# Triton for docker-compose.yml and deploy/k8s: NVIDIA's image plus Pillow for the `preprocess` model
+# (triton_repo/preprocess/1/model.py; numpy is already in the image, torch is not needed).
+#
+# 24.10 is the NGC release of Triton 2.51.0, the server that nvidia-pytriton 0.7.0 ships and that
+# `make test` runs against (tests/test_deploy.py checks that the two stay in step). Its libtorch backend
+# reads TorchScript file format versions up to 10, like every PyTorch since 2022; tools/export_model.py
+# writes version 3 for ResNets (tests/test_deploy.py checks that too).
+#
+#   docker build -f docker/triton.Dockerfile -t flask-triton-shim/triton:24.10 .
+ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
+FROM ${TRITON_IMAGE}
+# The python backend runs models with the image's system python3; newer bases mark it externally managed.
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1
+RUN python3 -m pip install --no-cache-dir "pillow==11.0.0"
+# The image's own non-root user: Triton's build creates `triton-server` with uid and gid 1000 for this.
+USER 1000:1000
+CMD ["tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"]
