@@ -62,6 +62,8 @@ def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
         SHADOW_COMPARISONS.labels(result)
     for backend in backends:
         CIRCUIT_OPEN.labels(backend).set(0)
+        for code in ("backend_unavailable", "backend_timeout", "backend_error"):
+            BACKEND_ERRORS.labels(backend, code)
 
 
 def exposition() -> bytes:

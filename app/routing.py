@@ -29,7 +29,7 @@ from app.breaker import CircuitBreaker
 from app.errors import BackendError, BackendUnavailable
 from app.settings import Mode
 from app.shadow import ShadowRunner
-from app.traffic import TrafficFlag, TrafficState, bucket
+from app.traffic import FlagNotWritable, TrafficFlag, TrafficState, bucket
 
 log = logging.getLogger(__name__)
 LEGACY, TRITON = "legacy", "triton"
@@ -195,7 +195,11 @@ class Router:
         self._errors.clear()
         log.error("%s", reason)
         metrics.ROLLBACKS.inc()
-        self.flag.write({"canary_percent": 0, "reason": reason}, updated_by="auto-rollback")
+        try:
+            self.flag.write({"canary_percent": 0, "reason": reason}, updated_by="auto-rollback")
+        except FlagNotWritable as e:  # a read-only (ConfigMap) flag: each worker rolls itself back
+            log.error("%s; rolling back this worker only", e.message)
+            self.flag.override({"canary_percent": 0, "reason": reason}, updated_by="auto-rollback")
 
     def _legacy(self) -> Backend:
         return self._batchers[LEGACY].backend

@@ -25,7 +25,7 @@ from typing import Any
 import mmh3
 
 from app import metrics
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, ShimError
 from app.settings import Mode
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,12 @@ CANARY_GROUP = "flask-triton-shim"  # hashed with the key: another rollout with 
 class InvalidTraffic(InvalidRequest):
     code = "invalid_traffic"
     default_message = "the traffic update is not valid"
+
+
+class FlagNotWritable(ShimError):
+    status = 409
+    code = "flag_not_writable"
+    default_message = "the traffic flag file cannot be written here"
 
 
 def bucket(key: str) -> int:
@@ -47,7 +53,7 @@ class TrafficState:
     mode: Mode
     canary_percent: int = 0
     shadow_percent: int = 100
-    source: str = "env"  # env (the SHIM_* settings) or flag-file
+    source: str = "env"  # env (the SHIM_* settings), flag-file, or local (this worker only)
     updated_by: str = ""  # admin-api, auto-rollback, or whoever wrote the file
     updated_at: str = ""
     reason: str = ""
@@ -111,15 +117,26 @@ class TrafficFlag:
             raise InvalidTraffic("run-time switching is off: set SHIM_FLAG_FILE")
         state = self.current().with_changes(changes, updated_by=updated_by)
         body = {k: v for k, v in state.to_json().items() if k != "source"}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(body, handle, indent=2)
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
+            with os.fdopen(fd, "w") as handle:
+                json.dump(body, handle, indent=2)
+            os.replace(tmp, self.path)
+        except OSError as e:  # e.g. a ConfigMap mount: read-only by design
+            raise FlagNotWritable(f"cannot write the flag file {self.path} ({e.strerror}); if it is mounted from "
+                                  "a Kubernetes ConfigMap, change the ConfigMap instead (README: Scale out on "
+                                  "Kubernetes)") from e
         with self._lock:
             self._checked = time.monotonic()
             self._reload()
         return self._state
+
+    def override(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
+        """Apply a change in this worker only, until the flag file next changes (it cannot be written)."""
+        with self._lock:
+            self._set(replace(self._state.with_changes(changes, updated_by=updated_by), source="local"))
+            return self._state
 
     def _reload(self) -> None:
         try:
@@ -158,7 +175,7 @@ class TrafficFlag:
     @staticmethod
     def _publish(state: TrafficState) -> None:
         for mode in Mode:
-            for source in ("env", "flag-file"):
+            for source in ("env", "flag-file", "local"):
                 metrics.TRAFFIC_MODE.labels(mode.value, source).set(
                     1 if (mode, source) == (state.mode, state.source) else 0)
         metrics.CANARY_PERCENT.set(state.canary_percent)

@@ -18,7 +18,7 @@ from app.errors import BackendUnavailable
 from app.routing import Guardrails, RequestContext, Router
 from app.settings import Mode
 from app.shadow import ShadowRunner, compare
-from app.traffic import InvalidTraffic, TrafficFlag, TrafficState, bucket
+from app.traffic import FlagNotWritable, InvalidTraffic, TrafficFlag, TrafficState, bucket
 from tests.fakes import EchoBackend, image
 from tests.support import ROOT, wait_until
 
@@ -180,4 +180,47 @@ def test_auto_rollback_drops_the_canary_share_for_every_worker(tmp_path: Path) -
     assert "automatic rollback: Triton failed 4 of the last 4" in state["reason"]
     calls = len(triton.batches)
     assert ask(router, 9.0) == (9.0, "legacy") and len(triton.batches) == calls
+    router.close()
+
+
+def test_a_configmap_style_flag_is_followed_and_a_read_only_one_is_refused_with_a_reason(tmp_path: Path) -> None:
+    """Kubernetes mounts a ConfigMap as symlinks into a timestamped folder and swaps `..data` to update it."""
+    mount = tmp_path / "traffic"
+    mount.mkdir()
+
+    def publish(version: str, body: dict) -> None:
+        folder = mount / f"..{version}"
+        folder.mkdir()
+        (folder / "traffic.json").write_text(json.dumps(body))
+        (mount / "..data_tmp").symlink_to(folder.name)
+        (mount / "..data_tmp").rename(mount / "..data")  # atomic, as kubelet's AtomicWriter does
+
+    publish("2026_01", {"mode": "triton"})
+    (mount / "traffic.json").symlink_to("..data/traffic.json")
+    flag = TrafficFlag(mount / "traffic.json", TrafficState(mode=Mode.LEGACY), poll_s=0.01)
+    assert flag.current().mode is Mode.TRITON
+    publish("2026_02", {"mode": "canary", "canary_percent": 5})
+    time.sleep(0.02)
+    assert (flag.current().mode, flag.current().canary_percent) == (Mode.CANARY, 5)
+
+    read_only = TrafficFlag(Path("/proc/flask-triton-shim/traffic.json"), TrafficState(mode=Mode.LEGACY),
+                            poll_s=0.01)  # /proc refuses new files even to root, as a ConfigMap mount does
+    with pytest.raises(FlagNotWritable, match="change the ConfigMap instead"):
+        read_only.write({"mode": "triton"}, updated_by="admin-api")
+    assert read_only.current().mode is Mode.LEGACY
+
+
+def test_auto_rollback_with_a_read_only_flag_rolls_back_the_worker_itself(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    router, _, triton = make_router(tmp_path, mode=Mode.CANARY, canary=100, fallback=True, auto_rollback=True)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise FlagNotWritable("read-only")
+
+    monkeypatch.setattr(router.flag, "write", refuse)
+    triton.down = True
+    for i in range(4):
+        ask(router, float(i + 1))
+    state = router.flag.current()
+    assert (state.canary_percent, state.source, state.updated_by) == (0, "local", "auto-rollback")
     router.close()
