@@ -18,6 +18,8 @@ help:
 	@echo "make export  - write $(MODEL) (ARCH=resnet50|resnet18, SHIM_MODEL_WEIGHTS=file.pth)"
 	@echo "make lint    - ruff and mypy"
 	@echo "make promtool - unpack promtool (Prometheus' checker) into .cache/tools for the deploy tests"
+	@echo "make bench   - the Flask-vs-Triton benchmark, about 10 min (bench/RESULTS.md; BENCH_ARGS=--help)"
+	@echo "make bench-quick - the same in under 2 minutes (resnet18, fewer and shorter runs)"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
@@ -54,6 +56,14 @@ $(PROMTOOL):
 	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > promtool.tmp \
 	  && chmod +x promtool.tmp && mv promtool.tmp promtool; rm -f prometheus_*.deb promtool.tmp; \
 	else echo "no apt-get here: the promtool checks will be skipped"; fi
+
+.PHONY: bench bench-quick
+BENCH_ARGS ?=
+bench: install
+	$(PY) -m bench $(BENCH_ARGS)
+
+bench-quick: install
+	$(PY) -m bench --quick $(BENCH_ARGS)
 
 lint: install
 	$(PY) -m ruff check app tools tests bench gunicorn.conf.py

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,8 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig  # noqa: E402
 from app.preprocess import ImageSpec, decode, to_tensor  # noqa: E402
+from bench import stack  # noqa: E402
 from tools import launch  # noqa: E402
 from tools.export_model import read_export_info  # noqa: E402
 from tools.sample_images import encode, photo  # noqa: E402
@@ -165,9 +163,7 @@ def main() -> int:
     pre = preprocessing(jpeg, args.repeat * 2)
 
     work = Path(tempfile.mkdtemp(prefix="shim-bench-"))
-    http, grpc, metrics = launch.free_port(), launch.free_port(), launch.free_port()
-    triton = EmbeddedTriton(EmbeddedTritonConfig(model_repository=args.repo, cache_dir=work / "triton",
-                                                 http_port=http, grpc_port=grpc, metrics_port=metrics)).start()
+    triton = stack.start_triton(args.repo, work / "triton")
     shim = launch.start_shim(work, {"SHIM_TRITON_URL": triton.http_url, "SHIM_WORKERS": "2", "SHIM_THREADS": "8",
                                     "SHIM_LOG_LEVEL": "WARNING",
                                     "SHIM_LABELS_PATH": str(args.repo / "resnet50" / "labels.txt")})
@@ -181,8 +177,7 @@ def main() -> int:
         shim.stop()
         triton.stop()
 
-    report = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)),
-                          "python": platform.python_version()},
+    report = {"machine": stack.machine_info(),
               "model": json.dumps(read_export_info(args.repo / "resnet50" / "1" / "model.pt")),
               "preprocessing": pre, "concurrency_1": one, f"clients_{args.clients}": many}
     args.out.parent.mkdir(parents=True, exist_ok=True)

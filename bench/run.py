@@ -1,0 +1,519 @@
+"""Reproduce the seed's Flask-vs-Triton table on this machine, in one run: `make bench` (`python -m bench`).
+
+    python -m bench                       # resnet50, clients 1,4,16,32, 5 s warm-up + 20 s per row
+    python -m bench --quick               # resnet18, clients 1,8, 1 s + 3 s per row: under 2 minutes
+    python -m bench --triton-url localhost:8000 --shim-url http://localhost:5000   # a running deployment
+
+Configurations (--configs names), each started by the tool itself on loopback (free ports), one at a time:
+  (1) legacy            examples/legacy_app.py under gunicorn, one process (the "before")
+  (2) triton-instances  the shim -> Triton with 2 model instances, no dynamic batching, and the shim's own
+                        batcher off (SHIM_MAX_BATCH_SIZE=1): no batching anywhere, as in the seed's row
+  (3) triton-batching   the shim (its defaults) -> Triton with 2 instances and dynamic batching
+  (0) direct            ready-made FP32 tensors, one image per request, straight to the Triton of (3): the ceiling
+The Triton configs of (2) and (3) are triton_repo's, read as ModelConfig protobufs with only the dynamic
+batching and instance count changed, served by the embedded Triton (a CPU copy, as `make triton` does).
+
+A load generator in its own process (bench/loadgen.py) drives each with real multipart JPEG uploads,
+closed loop, for a warm-up and then a measured window; its own ceiling is measured first against a stub.
+Output in bench/out/<time>-<arch>/ (or --out): results.json, results.md, results.png, requests.csv
+(every request's latency), logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import datetime
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import stack
+from bench.loadgen import Job, LoadGenerator, Outcome, StubServer, multipart_request, post_request
+from bench.report import NUMBER, ORDER, SEED_ROWS, markdown, plot, ratios, summarize
+
+ROOT = stack.ROOT
+CONFIGS = ORDER
+DEFAULTS = {"arch": "resnet50", "duration": 20.0, "warmup": 5.0, "concurrency": "1,4,16,32"}
+QUICK = {"arch": "resnet18", "duration": 3.0, "warmup": 1.0, "concurrency": "1,8"}
+IMAGES = 16
+IMAGE_SIZE = (640, 480)
+CEILING_S = 2.0
+STARTUP_ALLOWANCE_S = 60  # exports, Triton and gunicorn starts and stops, on this kind of machine
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke-sized run: {', '.join(f'{k} {v}' for k, v in QUICK.items())} (each still overridable)")
+    p.add_argument("--arch", choices=("resnet18", "resnet50"), help=f"model to export (default {DEFAULTS['arch']})")
+    p.add_argument("--model-pt", type=Path, help="benchmark this TorchScript file instead of exporting --arch")
+    p.add_argument("--duration", type=float, help=f"measured seconds per row (default {DEFAULTS['duration']:g})")
+    p.add_argument("--warmup", type=float, help=f"discarded seconds before each row (default {DEFAULTS['warmup']:g})")
+    p.add_argument("--concurrency", help=f"closed-loop clients, comma-separated (default {DEFAULTS['concurrency']})")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"which configurations, comma-separated (default all: {','.join(CONFIGS)})")
+    p.add_argument("--triton-url", help="an already-running Triton (host:port, e.g. from docker compose): "
+                                        "no local Triton is started and configuration (2) is skipped")
+    p.add_argument("--triton-metrics-url", help="its metrics (default: http://<triton host>:8002/metrics)")
+    p.add_argument("--shim-url", help="an already-running shim (e.g. http://localhost:5000) to measure as (3); "
+                                      "needs --triton-url, the Triton it forwards to")
+    p.add_argument("--legacy-url", help="an already-running legacy app to measure as (1) instead of starting one")
+    p.add_argument("--model-name", default="resnet50", help="the Triton model (default resnet50)")
+    p.add_argument("--legacy-threads", type=int, default=4, help="gunicorn threads of the legacy app (default 4)")
+    p.add_argument("--loadgen-processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+                   help="load generator processes sharing the clients (default: cores / 4, from 1 to 4)")
+    p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
+    p.add_argument("--out", type=Path, help="output folder (default bench/out/<time>-<arch>)")
+    args = p.parse_args(argv)
+    preset = QUICK if args.quick else DEFAULTS
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    try:
+        args.levels = sorted({int(c) for c in str(args.concurrency).split(",") if c.strip()})
+    except ValueError:
+        p.error(f"--concurrency {args.concurrency!r}: expected whole numbers separated by commas")
+    if not args.levels or min(args.levels) < 1 or max(args.levels) > 1024:
+        p.error(f"--concurrency {args.concurrency!r}: expected numbers from 1 to 1024")
+    args.selected = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if unknown := set(args.selected) - set(CONFIGS):
+        p.error(f"--configs: unknown {', '.join(sorted(unknown))}; choose from {', '.join(CONFIGS)}")
+    if not 1 <= args.loadgen_processes <= 64:
+        p.error("--loadgen-processes must be from 1 to 64")
+    if args.duration <= 0 or args.warmup < 0:
+        p.error("--duration must be positive and --warmup not negative")
+    if args.shim_url and not args.triton_url:
+        p.error("--shim-url needs --triton-url: the Triton that shim forwards to (for the direct ceiling and "
+                "Triton's metrics)")
+    if args.model_pt is not None and not args.model_pt.is_file():
+        p.error(f"--model-pt {args.model_pt} does not exist")
+    return args
+
+
+def fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+@dataclass
+class Target:
+    """Where one configuration answers, how to ask it, and where its metrics are."""
+
+    config: str
+    label: str
+    description: str
+    url: str
+    requests: tuple[bytes, ...]
+    expect: bytes
+    shim_metrics: str | None = None
+    triton_metrics: str | None = None
+
+
+def describe_triton_config(config: dict[str, Any]) -> str:
+    """'2 instances (KIND_CPU), dynamic batching (preferred [8, 16, 32], max delay 500 us)', from Triton itself."""
+    groups = config.get("instance_group") or []
+    count = sum(int(g.get("count", 1)) * max(1, len(g.get("gpus") or [])) for g in groups) or 1
+    kinds = "/".join(sorted({str(g.get("kind", "KIND_AUTO")) for g in groups})) or "KIND_AUTO"
+    text = f"{count} instance{'s' if count != 1 else ''} ({kinds}), max batch {config.get('max_batch_size')}"
+    batching = config.get("dynamic_batching")
+    if batching is None:
+        return text + ", no dynamic batching"
+    preferred = [int(x) for x in batching.get("preferred_batch_size", [])]
+    delay = batching.get("max_queue_delay_microseconds", 0)
+    return text + f", dynamic batching (preferred {preferred}, max delay {delay} us)"
+
+
+class Run:
+    """One benchmark run: its output folder, load generator, progress, and what it measured."""
+
+    def __init__(self, args: argparse.Namespace, out: Path, loadgen: LoadGenerator) -> None:
+        self.args, self.out, self.loadgen = args, out, loadgen
+        self.logs = out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict[str, Any]] = []
+        self.configurations: list[dict[str, str]] = []
+        self.triton_configs: dict[str, Any] = {}
+        self.triton_server: dict[str, Any] | None = None  # Triton's own /v2 metadata: name, version
+        self._csv_file = (out / "requests.csv").open("w", newline="")
+        self._csv = csv.writer(self._csv_file)
+        self._csv.writerow(["config", "clients", "phase", "start_s", "latency_ms", "error"])
+        self.jpegs = stack.sample_jpegs(IMAGES, *IMAGE_SIZE)
+        self.ready_tensors = stack.ready_tensors(self.jpegs)
+
+    def close(self) -> None:
+        self._csv_file.close()
+
+    # -- requests ------------------------------------------------------------------------------------------------
+
+    def predict_requests(self, url: str) -> tuple[bytes, ...]:
+        host, port = stack.split_url(url)
+        return tuple(multipart_request(host, port, "/predict", "image", f"photo-{i}.jpg", "image/jpeg", jpeg)
+                     for i, jpeg in enumerate(self.jpegs))
+
+    def infer_requests(self, triton_url: str) -> tuple[bytes, ...]:
+        """Binary-tensor infer requests with the images ready-made, names and dtype from the model's metadata."""
+        host, port = stack.split_url(triton_url)
+        meta = stack.http_json(f"http://{host}:{port}/v2/models/{self.args.model_name}")
+        (inp,), (output,) = meta["inputs"], meta["outputs"]
+        return self.infer_requests_for(triton_url, self.ready_tensors, inp["name"], inp["datatype"], output["name"])
+
+    def infer_requests_for(self, url: str, tensors: Sequence[Any], input_name: str = "input__0",
+                           datatype: str = "FP32", output_name: str = "output__0") -> tuple[bytes, ...]:
+        import tritonclient.http as httpclient
+
+        host, port = stack.split_url(url)
+        path = f"/v2/models/{self.args.model_name}/infer"
+        out = []
+        for tensor in tensors:
+            infer_input = httpclient.InferInput(input_name, list(tensor.shape), datatype)
+            infer_input.set_data_from_numpy(tensor, binary_data=True)
+            wanted = [httpclient.InferRequestedOutput(output_name, binary_data=True)]
+            body, json_size = httpclient.InferenceServerClient.generate_request_body([infer_input], outputs=wanted)
+            extra = [("Inference-Header-Content-Length", str(json_size))] if json_size is not None else []
+            out.append(post_request(host, port, path, body, "application/octet-stream", extra))
+        return tuple(out)
+
+    def served_config(self, config: str, triton_url: str) -> str:
+        """What the Triton at triton_url really serves, described from its own /config; kept in the results."""
+        host, port = stack.split_url(triton_url)
+        served = stack.http_json(f"http://{host}:{port}/v2/models/{self.args.model_name}/config")
+        if self.triton_server is None:
+            self.triton_server = stack.http_json(f"http://{host}:{port}/v2")
+        self.triton_configs[config] = served
+        return describe_triton_config(served)
+
+    # -- measuring -----------------------------------------------------------------------------------------------
+
+    def job(self, url: str, requests: tuple[bytes, ...], expect: bytes, concurrency: int, warmup_s: float,
+            duration_s: float) -> Job:
+        host, port = stack.split_url(url)
+        return Job(host=host, port=port, requests=requests, expect=expect, concurrency=concurrency,
+                   warmup_s=warmup_s, duration_s=duration_s, timeout_s=self.args.timeout)
+
+    def drive(self, name: str, job: Job, on_measure: Callable[[], None] | None = None) -> Outcome:
+        """Run `job` with a progress bar (on a terminal); on_measure() is called when the window opens."""
+        from tqdm import tqdm  # type: ignore[import-untyped]
+
+        total = job.warmup_s + job.duration_s
+        bar = tqdm(total=round(total, 1), desc=f"{name:<36.36} c={job.concurrency:<3}", unit="s", leave=True,
+                   mininterval=0.5, bar_format="{desc} {bar:20} {n:.0f}/{total:.0f} s{postfix}", file=sys.stderr,
+                   disable=not sys.stderr.isatty())
+        state = {"measuring": False}
+
+        def tick(elapsed: float, done: int, errors: int) -> None:
+            phase = self.loadgen.phase
+            if phase == "measure" and not state["measuring"]:
+                state["measuring"] = True
+                if on_measure is not None:
+                    on_measure()
+            bar.n = round(min(elapsed, total), 1)
+            bar.set_postfix_str(f"{phase:<8} {done} answers, {errors} errors", refresh=False)
+            bar.refresh()
+
+        try:
+            return self.loadgen.run(job, tick)
+        finally:
+            bar.close()
+
+    def measure(self, target: Target) -> None:
+        self.configurations.append({"config": target.config, "label": target.label,
+                                    "description": target.description})
+        for concurrency in self.args.levels:
+            row = self.measure_one(target, concurrency)
+            if row["errors"] or row["warmup_errors"]:
+                print(f"  !! {target.label} c={concurrency}: {row['errors']} errors in the window "
+                      f"({row['error_kinds']}), {row['warmup_errors']} in warm-up; see {self.logs}", flush=True)
+
+    def measure_one(self, target: Target, concurrency: int) -> dict[str, Any]:
+        """One row: warm-up, measured window, and the metrics' deltas over that window."""
+        before: dict[str, stack.Samples | None] = {}
+
+        def scrape_before() -> None:  # called by drive() when the window opens
+            before["shim"] = stack.scrape(target.shim_metrics) if target.shim_metrics else None
+            before["triton"] = stack.scrape(target.triton_metrics) if target.triton_metrics else None
+
+        load_before = os.getloadavg()[0]
+        job = self.job(target.url, target.requests, target.expect, concurrency, self.args.warmup, self.args.duration)
+        outcome = self.drive(target.label, job, scrape_before)
+        breakdown: dict[str, Any] = {}
+        shim_before, triton_before = before.get("shim"), before.get("triton")
+        if target.shim_metrics and shim_before is not None:
+            after = stack.scrape(target.shim_metrics)
+            breakdown["shim"] = stack.shim_breakdown(shim_before, after) if after else None
+        if target.triton_metrics and triton_before is not None:
+            after = stack.scrape(target.triton_metrics)
+            breakdown["triton"] = stack.triton_breakdown(triton_before, after, self.args.model_name) if after else None
+        row = {"config": target.config, "number": NUMBER[target.config], "label": target.label,
+               "concurrency": concurrency, **summarize(outcome), "breakdown": breakdown,
+               "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2)}
+        self.rows.append(row)
+        self.record(target.config, concurrency, outcome)
+        print(f"  {target.label} c={concurrency}: {row['qps']:.1f} QPS, p50 {fmt_ms(row['p50_ms'])}, "
+              f"p99 {fmt_ms(row['p99_ms'])}, {row['errors']} errors", flush=True)
+        return row
+
+    def record(self, config: str, concurrency: int, outcome: Outcome) -> None:
+        for start, end, latency, error in zip(outcome.starts, outcome.ends, outcome.latencies, outcome.errors,
+                                              strict=True):
+            phase = "warmup" if end < 0 else "measure" if end < outcome.window_s else "after"
+            self._csv.writerow([config, concurrency, phase, f"{start:.6f}", f"{latency * 1000:.3f}", error])
+
+    def ceiling(self, stub_port: int, tensors: bool) -> list[dict[str, Any]]:
+        """The load generator against a stub that answers at once: what it can send, and what that costs it.
+
+        The JPEG uploads at every concurrency; the direct configuration's tensor bodies (5x larger) at the highest.
+        """
+        url = f"http://127.0.0.1:{stub_port}"
+        kinds = [("multipart JPEG", self.predict_requests(url), self.args.levels)]
+        if tensors:
+            kinds.append(("FP32 tensor", self.infer_requests_for(url, self.ready_tensors), self.args.levels[-1:]))
+        rows = []
+        for kind, requests, levels in kinds:
+            size = sum(len(r) for r in requests) / len(requests) / 1000
+            for concurrency in levels:
+                outcome = self.drive(f"load generator -> stub ({kind})",
+                                     self.job(url, requests, b"ok", concurrency, 0.5, CEILING_S))
+                rows.append({"request": f"{kind}, {size:.0f} kB", "concurrency": concurrency, **summarize(outcome)})
+                print(f"  load generator -> stub, {kind} c={concurrency}: {rows[-1]['qps']:.0f} req/s, "
+                      f"{rows[-1]['errors']} errors", flush=True)
+        return rows
+
+
+# -- the configurations ----------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path) -> Iterator[Any]:
+    repo = stack.variant_repo(work / "repos", variant, model_pt, model=run.args.model_name)
+    shutil.copy(repo / run.args.model_name / "config.pbtxt", run.logs / f"config-{variant.name}.pbtxt")
+    print(f"starting Triton ({variant.name}: {variant.instances} instances, dynamic batching "
+          f"{'on' if variant.dynamic_batching else 'off'}) ...", flush=True)
+    triton = stack.start_triton(repo, work / f"triton-{variant.name}")
+    try:
+        yield triton
+    finally:
+        triton.stop()
+        with contextlib.suppress(OSError):
+            shutil.copy(triton.log_path, run.logs / f"tritonserver-{variant.name}.log")
+
+
+@contextlib.contextmanager
+def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: str) -> Iterator[str]:
+    from tools import launch
+
+    env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": run.args.model_name,
+           "SHIM_LABELS_PATH": str(labels), "SHIM_LEGACY_MODEL_PATH": str(model_pt), "SHIM_WORKERS": "2",
+           "SHIM_THREADS": "8", **settings}
+    shown = ", ".join(f"{k}={v}" for k, v in env.items() if k not in ("SHIM_LABELS_PATH", "SHIM_LEGACY_MODEL_PATH"))
+    print(f"starting the shim ({shown}) ...", flush=True)
+    served = launch.start_shim(run.logs, env)
+    try:
+        served.wait("/readyz", timeout_s=120)
+        yield served.url
+    finally:
+        served.stop()
+
+
+def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
+    from tools import launch
+
+    label = "(1) legacy Flask app, 1 process"
+    if run.args.legacy_url:
+        url = run.args.legacy_url.rstrip("/")
+        description = f"the legacy app already running at {url}"
+        served = None
+    else:
+        print("starting the legacy app ...", flush=True)
+        served = launch.start_legacy_app(run.logs, model_pt=model_pt, labels=labels, threads=run.args.legacy_threads)
+        url = served.url
+        description = (f"examples/legacy_app.py under gunicorn, 1 worker x {run.args.legacy_threads} threads, "
+                       "TorchScript in-process on the CPU (torch's default thread count)")
+    try:
+        if served is not None:
+            served.wait("/", status=404)  # it has no health endpoint: any contract answer means it is up
+        run.measure(Target("legacy", label, description, url, run.predict_requests(url), b'"predictions"'))
+    finally:
+        if served is not None:
+            served.stop()
+
+
+def shim_target(run: Run, config: str, url: str, triton_url: str, triton_metrics: str | None,
+                settings: str) -> Target:
+    served = run.served_config(config, triton_url)
+    if config == "triton-instances":
+        label = "(2) shim -> Triton, 2 instances"
+    else:  # from what Triton serves: an external Triton has its own config
+        batching = "dynamic_batching" in run.triton_configs[config]
+        label = f"(3) shim -> Triton, {'dynamic batching' if batching else 'no dynamic batching'}"
+    return Target(config, label, f"the shim ({settings}) at {url} -> Triton at {triton_url}: {served}", url,
+                  run.predict_requests(url), b'"predictions"', shim_metrics=url.rstrip("/") + "/metrics",
+                  triton_metrics=triton_metrics)
+
+
+def direct_target(run: Run, triton_url: str, triton_metrics: str | None) -> Target:
+    served = run.served_config("direct", triton_url)
+    return Target("direct", "(0) direct tritonclient -> Triton",
+                  f"binary FP32 [1,3,224,224] infer requests (built with tritonclient) straight to Triton at "
+                  f"{triton_url}: {served}", f"http://{triton_url}", run.infer_requests(triton_url), b'"outputs"',
+                  triton_metrics=triton_metrics)
+
+
+def local_triton_configs(run: Run, work: Path, model_pt: Path, labels: Path) -> None:
+    selected = run.args.selected
+    if "triton-instances" in selected:
+        with triton_variant(run, work, stack.Variant("instances", 2, dynamic_batching=False), model_pt) as triton, \
+                shim(run, triton.http_url, labels, model_pt, SHIM_MAX_BATCH_SIZE="1") as url:
+            run.measure(shim_target(run, "triton-instances", url, triton.http_url, triton.metrics_url,
+                                    "2 workers x 8 threads, its batcher off: SHIM_MAX_BATCH_SIZE=1"))
+    if {"direct", "triton-batching"} & set(selected):
+        with triton_variant(run, work, stack.Variant("batching", 2, dynamic_batching=True), model_pt) as triton:
+            if "direct" in selected:
+                run.measure(direct_target(run, triton.http_url, triton.metrics_url))
+            if "triton-batching" in selected:
+                with shim(run, triton.http_url, labels, model_pt) as url:
+                    run.measure(shim_target(run, "triton-batching", url, triton.http_url, triton.metrics_url,
+                                            "2 workers x 8 threads, its batcher on: the defaults"))
+
+
+def external_triton_configs(run: Run, model_pt: Path, labels: Path) -> None:
+    triton_url = run.args.triton_url.split("://", 1)[-1].rstrip("/")
+    metrics = run.args.triton_metrics_url or f"http://{stack.split_url(triton_url)[0]}:8002/metrics"
+    if stack.scrape(metrics) is None:
+        print(f"note: Triton's metrics at {metrics} cannot be read; the breakdown will lack Triton's part", flush=True)
+        metrics = None
+    if "direct" in run.args.selected:
+        run.measure(direct_target(run, triton_url, metrics))
+    if "triton-batching" in run.args.selected:
+        if run.args.shim_url:
+            url = run.args.shim_url.rstrip("/")
+            run.measure(shim_target(run, "triton-batching", url, triton_url, metrics, "already running, its own "
+                                    "settings"))
+        else:
+            with shim(run, triton_url, labels, model_pt) as url:
+                run.measure(shim_target(run, "triton-batching", url, triton_url, metrics,
+                                        "2 workers x 8 threads, the defaults"))
+
+
+# -- main ------------------------------------------------------------------------------------------------------
+
+def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    skipped = {}
+    if args.triton_url and "triton-instances" in args.selected:
+        skipped["triton-instances"] = ("needs a Triton serving the model without dynamic batching, and --triton-url "
+                                       "serves its own config; run without --triton-url, or point --triton-url at "
+                                       "such a Triton and pass --configs triton-batching")
+    return [c for c in args.selected if c not in skipped], skipped
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+    stamp = datetime.datetime.now().astimezone()
+    if args.model_pt is not None:
+        arch = stack.model_arch(args.model_pt)
+        model_source = f"{args.model_pt}"
+    else:
+        arch = args.arch
+        model_source = "seeded weights: real shapes and speed, meaningless predictions"
+    out = (args.out or ROOT / "bench" / "out" / f"{stamp:%Y%m%d-%H%M%S}-{arch}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    configs, skipped = plan(args)
+    runs = len(configs) * len(args.levels)
+    expected = runs * (args.warmup + args.duration) + len(args.levels) * (CEILING_S + 0.5) + STARTUP_ALLOWANCE_S
+    print(f"benchmark: {arch}, configurations {', '.join(configs) or 'none'}, clients {args.levels}, "
+          f"{args.warmup:g} s warm-up + {args.duration:g} s per row: {runs} rows, about {expected / 60:.0f} min; "
+          f"output in {out}", flush=True)
+    for config, reason in skipped.items():
+        print(f"skipping {config}: {reason}", flush=True)
+    if args.triton_url:
+        print(f"using the Triton at {args.triton_url}: no local Triton is started", flush=True)
+
+    if args.model_pt is not None:
+        model_pt = args.model_pt.resolve()
+    else:
+        print(f"exporting {arch} (seeded) into {stack.MODEL_CACHE} ...", flush=True)
+        model_pt = stack.exported_model(arch)
+    work = Path(tempfile.mkdtemp(prefix="shim-bench-"))
+    labels = work / "labels.txt"
+    from tools.export_model import write_labels
+
+    write_labels(arch if arch in ("resnet18", "resnet50") else "resnet50", labels)
+
+    notes: list[str] = []
+    machine = stack.machine_info()
+    with LoadGenerator(args.loadgen_processes) as loadgen:
+        run = Run(args, out, loadgen)
+        try:
+            print("measuring the load generator's own ceiling against a stub server ...", flush=True)
+            with StubServer() as stub:
+                ceiling = run.ceiling(stub.port, tensors="direct" in configs)
+            if "legacy" in configs:
+                run_legacy(run, model_pt, labels)
+            if args.triton_url:
+                external_triton_configs(run, model_pt, labels)
+                notes.append(f"Triton was the one already running at {args.triton_url} (its own model and config); "
+                             "configurations that need a Triton started with a given config were skipped.")
+            else:
+                local_triton_configs(run, work, model_pt, labels)
+                notes.append("Triton was the wheel's (nvidia-pytriton), serving a CPU copy of each variant: the "
+                             "libtorch model runs in a python-backend stand-in loading the same model.pt, "
+                             "KIND_GPU became KIND_CPU, INTRA_OP_THREAD_COUNT = cores / instances.")
+        finally:
+            run.close()
+            shutil.rmtree(work, ignore_errors=True)
+
+    if run.triton_server:
+        machine["triton_server"] = {k: run.triton_server.get(k) for k in ("name", "version")}
+    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if not args.triton_url and machine["usable_cores"] and machine["usable_cores"] <= 4:
+        notes.append(f"Only {machine['usable_cores']} CPU cores: the load generator, the server under test and "
+                     "(for the shim) Triton share them, so every configuration is bounded by the same CPU.")
+    report = {
+        "command": command,
+        "started": stamp.isoformat(timespec="seconds"),
+        "elapsed_s": time.monotonic() - started,
+        "machine": machine,
+        "model": {"arch": arch, "source": model_source, "file": str(model_pt), "name": args.model_name},
+        "settings": {"warmup_s": args.warmup, "duration_s": args.duration, "concurrency": args.levels,
+                     "images": IMAGES, "image_size": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}", "timeout_s": args.timeout,
+                     "quick": args.quick, "loadgen_processes": args.loadgen_processes},
+        "seed_rows": [dict(r) for r in SEED_ROWS],
+        "configurations": run.configurations,
+        "skipped": skipped,
+        "triton_configs": run.triton_configs,
+        "ceiling_duration_s": CEILING_S,
+        "loadgen_ceiling": ceiling,
+        "results": run.rows,
+        "ratios": ratios(run.rows),
+        "notes": notes,
+    }
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    (out / "results.md").write_text(markdown(report))
+    gpu = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
+    plot(run.rows, out / "results.png", f"{arch}, {machine['cpu']}, {machine['usable_cores']} cores, {gpu}")
+    latest = out.parent / "latest"
+    if out.parent == (ROOT / "bench" / "out").resolve():
+        with contextlib.suppress(OSError):
+            if latest.is_symlink():
+                latest.unlink()
+            latest.symlink_to(out.name)
+
+    print()
+    print((out / "results.md").read_text())
+    errors = sum(r["errors"] + r["warmup_errors"] for r in run.rows)
+    print(f"written: {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}, {out / 'requests.csv'} "
+          f"({time.monotonic() - started:.0f} s)")
+    if errors:
+        print(f"{errors} requests failed: see the tables and {out / 'logs'}", file=sys.stderr)
+        return 1
+    return 0
