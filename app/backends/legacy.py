@@ -42,6 +42,8 @@ class LegacyBackend:
         return self._max_batch
 
     def start(self) -> None:
+        if self._started:  # the hot path: every request routed to legacy calls this
+            return
         with self._lock:
             if self._started:
                 return
