@@ -145,10 +145,9 @@ class Router:
     def readiness(self) -> tuple[bool, dict[str, Readiness]]:
         """Ready when the backends this mode answers with can answer (legacy covers Triton with fallback)."""
         mode = self.mode
-        if mode in MODES_USING_LEGACY or self._guard.fallback:
-            self._legacy().start()
         states = {}
         if mode in MODES_USING_LEGACY or self._guard.fallback:
+            self._legacy().start()
             states[LEGACY] = self._legacy().ready()
         if mode in (Mode.TRITON, Mode.CANARY, Mode.SHADOW):
             states[TRITON] = self._batchers[TRITON].backend.ready()

@@ -18,6 +18,7 @@ from app import metrics, preprocess
 from app.batching import Upstream
 from app.contract import Prediction
 from app.routing import RequestContext, Router
+from app.scores import best, softmax
 
 T = TypeVar("T")
 
@@ -41,12 +42,8 @@ def load_labels(path: Path) -> tuple[str, ...]:
 
 
 def top_k(logits: npt.NDArray[np.float32], labels: tuple[str, ...], k: int) -> list[Prediction]:
-    """Softmax in float32, as torch.softmax computes it, then the k best classes."""
-    shifted = logits.astype(np.float32) - logits.max()
-    exp = np.exp(shifted)
-    probs = exp / exp.sum(dtype=np.float32)
-    best = np.argsort(-probs, kind="stable")[:k]
-    return [Prediction(label=labels[i], class_id=int(i), score=float(probs[i])) for i in best]
+    probs = softmax(logits)
+    return [Prediction(label=labels[i], class_id=i, score=float(probs[i])) for i in best(probs, k)]
 
 
 class PredictService:

@@ -22,13 +22,9 @@ from app import metrics
 from app.batching import Batcher
 from app.breaker import CircuitBreaker
 from app.errors import ShimError
+from app.scores import best, softmax
 
 log = logging.getLogger(__name__)
-
-
-def softmax(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    exp = np.exp(logits.astype(np.float32) - logits.max())
-    return exp / exp.sum(dtype=np.float32)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -42,9 +38,9 @@ class Comparison:
 def compare(legacy: npt.NDArray[np.float32], candidate: npt.NDArray[np.float32], *, k: int,
             tolerance: float) -> Comparison:
     p, q = softmax(legacy), softmax(candidate)
-    top_p, top_q = np.argsort(-p, kind="stable")[:k], np.argsort(-q, kind="stable")[:k]
-    same_top1 = bool(top_p[0] == top_q[0])
-    overlap = len(set(top_p.tolist()) & set(top_q.tolist())) / k
+    top_p, top_q = best(p, k), best(q, k)
+    same_top1 = top_p[0] == top_q[0]
+    overlap = len(set(top_p) & set(top_q)) / k
     diff = float(np.abs(p - q).max())
     return Comparison(same_top1, overlap, diff, same_top1 and overlap == 1.0 and diff <= tolerance)
 
@@ -106,8 +102,8 @@ class ShadowRunner:
                         "same" if result.same_top1 else "differs", self._k, result.topk_overlap * 100,
                         result.max_abs_diff, extra={
                             "request_id": request_id,
-                            "legacy_top": np.argsort(-legacy_logits)[:self._k].tolist(),
-                            "triton_top": np.argsort(-candidate)[:self._k].tolist()})
+                            "legacy_top": best(legacy_logits, self._k),
+                            "triton_top": best(candidate, self._k)})
 
     def _may_log(self) -> bool:
         now = time.monotonic()
