@@ -27,6 +27,17 @@ def test_model_pt() -> Path:
     return target
 
 
+def normalize_model_pt() -> Path:
+    """The uint8 transport's `normalize` TorchScript, exported once and reused by later runs."""
+    from tools.export_model import NORMALIZE_INFO, build_normalize, read_export_info, save_torchscript
+
+    target = ROOT / ".cache" / "test-models" / "normalize.pt"
+    info = read_export_info(target) or {}
+    if any(info.get(k) != v for k, v in NORMALIZE_INFO.items()):
+        save_torchscript(build_normalize(), target, NORMALIZE_INFO)
+    return target
+
+
 def make_test_repo(dest: Path, model_pt: Path) -> Path:
     """triton_repo as committed (configs, preprocess model.py), with `model_pt` as resnet50 version 1."""
     from tools.export_model import write_labels
@@ -35,6 +46,8 @@ def make_test_repo(dest: Path, model_pt: Path) -> Path:
     write_labels(TEST_ARCH, dest / "resnet50" / "labels.txt")
     (dest / "resnet50" / "1").mkdir(exist_ok=True)
     (dest / "resnet50" / "1" / "model.pt").symlink_to(model_pt)
+    (dest / "normalize" / "1").mkdir(exist_ok=True)
+    (dest / "normalize" / "1" / "model.pt").symlink_to(normalize_model_pt())
     return dest
 
 

@@ -25,8 +25,8 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def test_the_repository_holds_the_three_models() -> None:
-    assert MODELS == ["pipeline", "preprocess", "resnet50"]
+def test_the_repository_holds_its_five_models() -> None:
+    assert MODELS == ["normalize", "pipeline", "preprocess", "resnet50", "resnet50_uint8"]
 
 
 @pytest.mark.parametrize("name", MODELS)

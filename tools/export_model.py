@@ -66,6 +66,46 @@ def build_model(arch: str, weights: Path | None, seed: int):  # -> torch.nn.Modu
     return model.eval()
 
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+NORMALIZE_INFO = {"model": "normalize", "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "layout": "NHWC uint8"}
+
+
+def build_normalize():  # -> torch.nn.Module
+    """UINT8 [N, H, W, 3] -> FP32 [N, 3, H, W]: torchvision's ToTensor + Normalize, the same float32 ops in order.
+
+    Every divisor is a tensor: CUDA turns a division by a scalar into a multiplication by its reciprocal,
+    which can differ in the last bit from what the legacy app computed on the CPU.
+    """
+    import torch
+
+    class Normalize(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("scale", torch.full((1, 1, 1, 1), 255.0, dtype=torch.float32))
+            self.register_buffer("mean", torch.tensor(IMAGENET_MEAN, dtype=torch.float32).view(1, 3, 1, 1))
+            self.register_buffer("std", torch.tensor(IMAGENET_STD, dtype=torch.float32).view(1, 3, 1, 1))
+
+        def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+            chw = pixels.permute(0, 3, 1, 2).to(torch.float32).div(self.scale)  # ToTensor
+            return chw.sub(self.mean).div(self.std).contiguous()  # Normalize: sub, then div
+
+    return Normalize().eval()
+
+
+def export_normalize(repo: Path, version: int = 1, force: bool = False) -> Path | None:
+    """Write <repo>/normalize/<version>/model.pt when the repository has that model and the file is not current."""
+    if not (repo / "normalize" / "config.pbtxt").is_file():
+        return None
+    target = repo / "normalize" / str(version) / "model.pt"
+    existing = read_export_info(target) or {}
+    if not force and all(existing.get(k) == v for k, v in NORMALIZE_INFO.items()):
+        return target
+    save_torchscript(build_normalize(), target, NORMALIZE_INFO)
+    print(f"export_model: wrote {target} (ToTensor + Normalize for the uint8 transport)")
+    return target
+
+
 def labels_for(arch: str) -> list[str]:
     import torchvision
 
@@ -135,7 +175,9 @@ def export(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    export(parse_args(argv))
+    args = parse_args(argv)
+    export(args)
+    export_normalize(args.repo, force=args.force)
     return 0
 
 
