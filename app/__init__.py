@@ -5,13 +5,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from flask import Flask
 
+    from app.backends.base import Backend
     from app.settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> Flask:
-    """Wiring only: settings (from SHIM_* unless given), the shim's objects, the HTTP API."""
+def create_app(settings: Settings | None = None, *, backends: Mapping[str, Backend] | None = None) -> Flask:
+    """Wiring only: settings (from SHIM_* unless given), the shim's objects, the HTTP API.
+
+    `backends` ({"triton": ..., "legacy": ...}) replaces the real backends: tests drive the whole app
+    in-process with fakes at that seam.
+    """
     from flask import Flask
 
     from app import api
@@ -23,7 +30,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     configure_logging(settings.log_level)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes
+    app.config["MAX_FORM_PARTS"] = 1000  # werkzeug's default, named: the 413 message quotes both
+    app.config["MAX_FORM_MEMORY_SIZE"] = 500_000
     app.json.sort_keys = False  # type: ignore[attr-defined]  # answers keep the contract's key order
-    app.extensions["shim"] = build_shim(settings)
+    app.extensions["shim"] = build_shim(settings, backends)
     api.register(app)
     return app

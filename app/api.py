@@ -7,13 +7,12 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from app import contract, metrics
-from app.errors import Forbidden, InvalidRequest, MissingImage, ShimError, Unauthorized
+from app import bodies, contract, metrics
+from app.errors import BackendError, Forbidden, InvalidRequest, MissingImage, ShimError, Unauthorized
 from app.logs import REQUEST_ID
 from app.routing import RequestContext, describe
 from app.wiring import Shim
@@ -24,7 +23,6 @@ bp = Blueprint("shim", __name__)
 REQUEST_ID_HEADER = "X-Request-ID"
 BACKEND_HEADER = "X-Shim-Backend"  # on answers: which backend answered; on requests: the QA override
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-DRAIN_LIMIT = 256 * 1024 * 1024  # read and drop refused uploads up to this size so the client sees the 413
 
 
 def shim() -> Shim:
@@ -38,19 +36,24 @@ def _start() -> None:
     g.request_id = offered if _VALID_REQUEST_ID.match(offered) else uuid.uuid4().hex
     g.token = REQUEST_ID.set(g.request_id)
     g.started = time.perf_counter()
+    bodies.guard(request.environ, current_app.config["MAX_CONTENT_LENGTH"])
 
 
 @bp.after_app_request
 def _finish(response: Response) -> Response:
-    _drain_body()
+    bodies.drain(request.environ, current_app.config["MAX_CONTENT_LENGTH"])
     response.headers[REQUEST_ID_HEADER] = g.get("request_id", "")
+    if "backend" in g:  # errors too: which backend failed
+        response.headers[BACKEND_HEADER] = g.backend
     if request.endpoint == "shim.predict" or request.path == "/predict":
         backend = g.get("backend", "none")
         metrics.REQUESTS.labels(backend, shim().router.mode.value, str(response.status_code)).inc()
         metrics.REQUEST_SECONDS.labels(backend).observe(time.perf_counter() - g.get("started", time.perf_counter()))
-        log.info("%s %s %d", request.method, request.path, response.status_code,
-                 extra={"status": response.status_code, "backend": backend,
-                        "duration_ms": round((time.perf_counter() - g.started) * 1000, 2)})
+        extra = {"status": response.status_code, "backend": backend,
+                 "duration_ms": round((time.perf_counter() - g.started) * 1000, 2)}
+        if "fallback" in g:
+            extra["fallback"] = g.fallback
+        log.info("%s %s %d", request.method, request.path, response.status_code, extra=extra)
     return response
 
 
@@ -73,11 +76,15 @@ def predict() -> Response:
     metrics.INFLIGHT.inc()
     try:
         answer = shim().service.predict(upload.read(), ctx)
+    except BackendError as e:
+        g.backend = e.backend
+        raise
     finally:
         metrics.INFLIGHT.dec()
-        g.backend = ctx.notes.get("backend", "none")
+    g.backend = answer.backend
     response = jsonify(contract.prediction_body(answer.model, answer.predictions))
-    response.headers[BACKEND_HEADER] = answer.backend
+    if answer.fallback_reason:
+        g.fallback = answer.fallback_reason
     return response
 
 
@@ -94,10 +101,10 @@ def healthz() -> Response:
 
 @bp.get("/readyz")
 def readyz() -> tuple[Response, int]:
-    ready, states = shim().router.readiness()
-    body = {"ready": ready, "mode": shim().router.mode.value,
-            "backends": {name: {"ready": s.ready, "detail": s.detail} for name, s in states.items()}}
-    return jsonify(body), 200 if ready else 503
+    report = shim().router.readiness()
+    body = {"ready": report.ready, "mode": report.mode.value,
+            "backends": {name: {"ready": s.ready, "detail": s.detail} for name, s in report.backends.items()}}
+    return jsonify(body), 200 if report.ready else 503
 
 
 @bp.get("/traffic")
@@ -140,38 +147,34 @@ def prometheus_metrics() -> Response:
 def _shim_error(e: ShimError) -> tuple[Response, int]:
     level = logging.WARNING if e.status >= 500 else logging.INFO
     log.log(level, "%s: %s", e.code, e.message, extra={"status": e.status, "error": e.code})
-    return jsonify(contract.error_body(e.code, e.message)), e.status
+    response = jsonify(contract.error_body(e.code, e.message))
+    response.headers.update(e.headers())
+    return response, e.status
 
 
 @bp.app_errorhandler(HTTPException)
 def _http_error(e: HTTPException) -> tuple[Response, int]:
     status = e.code or 500
-    code, message = contract.HTTP_ERRORS.get(status, ("http_error", e.description or e.name))
+    code, message = contract.HTTP_ERRORS.get(status, ("bad_request" if status < 500 else "internal_error",
+                                                      e.description or e.name))
     if status == 413:
-        message = f"the upload is too large: the limit is {current_app.config['MAX_CONTENT_LENGTH']:,} bytes"
+        message = _too_large_message()
     return jsonify(contract.error_body(code, message)), status
+
+
+def _too_large_message() -> str:
+    """Werkzeug says 413 for three limits alike: name the one this request crossed."""
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.content_length is None:  # chunked: the body ran past the limit while it was read
+        return f"the upload is too large: the body went past the limit of {limit:,} bytes"
+    return (f"the form is too large: more than {current_app.config['MAX_FORM_PARTS']:,} form parts, or a "
+            f"field that is not a file over {current_app.config['MAX_FORM_MEMORY_SIZE']:,} bytes")
 
 
 @bp.app_errorhandler(Exception)
 def _unexpected(e: Exception) -> tuple[Response, int]:
     log.exception("unhandled error while serving %s %s", request.method, request.path)
     return jsonify(contract.error_body("internal_error", "internal error")), 500
-
-
-def _drain_body() -> None:
-    """Read what is left of the request body before answering.
-
-    A body the app did not read (a 405, a 413, an error before the form was parsed) stays in the socket;
-    gunicorn then closes a keep-alive connection that it announced open, and the client's next request
-    on it fails. Reading it (bounded) keeps the connection usable and makes sure the client sees the answer.
-    """
-    stream: Any = request.environ.get("wsgi.input")
-    remaining = DRAIN_LIMIT
-    while stream is not None and remaining > 0:
-        chunk = stream.read(min(remaining, 1 << 20))
-        if not chunk:
-            break
-        remaining -= len(chunk)
 
 
 def register(app: Flask) -> None:

@@ -1,12 +1,14 @@
 """Collect the concurrent requests of one worker into one batched backend call.
 
-Each request thread submits one preprocessed image and waits for its own row of logits. Sender threads
-(each with its own backend client) take what is queued, stack it into [N, 3, H, W] up to the backend's
-max batch size, make one call, and hand every request exactly its own answer, or its own error.
+Each request thread submits one preprocessed image and waits for its own row of logits, at most until
+its deadline. Sender threads (each with its own backend client) take what is queued, stack it into one
+batch up to the backend's max batch size, make one call, and hand every request exactly its own
+answer, or its own error. A sender never dies: whatever a call raises, every request it took is
+answered and the sender goes on with the next batch.
 
 A sender waits for more requests only while others are on their way (admitted into the worker but
-still decoding or preprocessing) and never longer than the delay: a lone request goes out at once, a
-burst leaves as one batch. Triton's dynamic batcher then merges the batches of several workers.
+still decoding or preprocessing: see Upstream) and never longer than the delay: a lone request goes out
+at once, a burst leaves as one batch. Triton's dynamic batcher then merges the batches of several workers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -27,40 +29,40 @@ import numpy.typing as npt
 
 from app import metrics
 from app.backends.base import Backend
-from app.errors import BackendError, BackendTimeout, BackendUnavailable, ShimError
+from app.errors import BackendError, BackendTimeout, BackendUnavailable
 
 log = logging.getLogger(__name__)
 
 
 class Upstream:
-    """Requests admitted into this worker that have not reached a batcher yet; shared by all batchers."""
+    """How many requests of this worker are on their way to a batcher (decoding, preprocessing).
+
+    Shared by all batchers of a worker: a sender holds a batch open only while this is above zero.
+    """
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()  # reentrant: Admission.leave() may run with it held
+        self.cond = threading.Condition()
         self.count = 0
 
     @contextlib.contextmanager
-    def admitted(self) -> Iterator[Admission]:
-        """Count a request as on its way until it is submitted to a batcher, or fails before that."""
-        admission = Admission(self)
+    def on_the_way(self) -> Iterator[Callable[[], None]]:
+        """Count a request as on its way until it calls the yielded `arrived()` (or leaves, having failed)."""
+        done = False
+
+        def arrived() -> None:
+            nonlocal done
+            with self.cond:
+                if not done:
+                    done = True
+                    self.count -= 1
+                    self.cond.notify_all()
+
         with self.cond:
             self.count += 1
         try:
-            yield admission
+            yield arrived
         finally:
-            admission.leave()
-
-
-class Admission:
-    def __init__(self, upstream: Upstream) -> None:
-        self._upstream, self._left = upstream, False
-
-    def leave(self) -> None:
-        with self._upstream.cond:
-            if not self._left:
-                self._left = True
-                self._upstream.count -= 1
-                self._upstream.cond.notify_all()
+            arrived()
 
 
 @dataclass
@@ -72,8 +74,7 @@ class _Pending:
 
 
 class Batcher:
-    def __init__(self, backend: Backend, upstream: Upstream, *, max_delay_s: float, senders: int,
-                 result_timeout_s: float) -> None:
+    def __init__(self, backend: Backend, upstream: Upstream, *, max_delay_s: float, senders: int) -> None:
         self.backend = backend
         self._upstream = upstream
         self._cond = upstream.cond  # one lock: a sender wakes for new requests and for upstream changes
@@ -81,29 +82,25 @@ class Batcher:
         self._collecting = threading.Lock()  # one sender builds a batch while the others send theirs
         self._max_delay_s = max_delay_s
         self._senders = senders
-        self._result_timeout_s = result_timeout_s
         self._threads: list[threading.Thread] = []
         self._pid: int | None = None
         self._closed = False
 
-    def submit(self, tensor: npt.NDArray[np.float32], request_id: str, admission: Admission | None = None,
-               timeout_s: float | None = None) -> npt.NDArray[np.float32]:
-        """The logits row for this one image; raises the request's own ShimError."""
-        timeout_s = self._result_timeout_s if timeout_s is None else timeout_s
+    def submit(self, tensor: npt.NDArray[np.float32], request_id: str, *, timeout_s: float) -> npt.NDArray[np.float32]:
+        """The logits row for this one image, within `timeout_s`; raises the request's own BackendError."""
         self._ensure_started()
         pending = _Pending(tensor, request_id)
         with self._cond:
             if self._closed:
-                raise BackendUnavailable("the shim is shutting down")
+                raise BackendUnavailable("the shim is shutting down", backend=self.backend.name)
             self._queue.append(pending)
-            if admission is not None:
-                admission.leave()  # no longer on its way: it is here
             self._cond.notify_all()
         try:
-            return pending.future.result(timeout=timeout_s)
+            return pending.future.result(timeout=max(0.0, timeout_s))
         except FutureTimeout:
-            pending.future.cancel()
-            raise BackendTimeout(f"no answer from {self.backend.name} within {timeout_s:g} s") from None
+            pending.future.cancel()  # still queued: no sender will take it; already sent: its answer is dropped
+            raise BackendTimeout(f"no answer from {self.backend.name} within {timeout_s:.3g} s",
+                                 backend=self.backend.name) from None
 
     def close(self) -> None:
         with self._cond:
@@ -127,11 +124,17 @@ class Batcher:
 
     def _run(self) -> None:
         while True:
-            with self._collecting:
-                batch = self._collect()
-            if batch is None:
-                return
-            self._send(batch)
+            batch: list[_Pending] = []
+            try:
+                with self._collecting:
+                    taken = self._collect()
+                if taken is None:
+                    return
+                batch = taken
+                self._send(batch)
+            except Exception as e:  # the sender's outermost frame: a bug must neither kill it nor strand requests
+                log.exception("the %s batch sender failed unexpectedly; it goes on", self.backend.name)
+                self._fail(batch, BackendError(f"{self.backend.name} failed: {type(e).__name__}: {e}"))
 
     def _collect(self) -> list[_Pending] | None:
         with self._cond:
@@ -161,36 +164,39 @@ class Batcher:
             metrics.STAGE_SECONDS.labels("queue", name).observe(started - pending.enqueued)
         metrics.BATCH_SIZE.labels(name).observe(len(batch))
         try:
-            logits = self.backend.infer(np.stack([p.tensor for p in batch]), [p.request_id for p in batch])
-            if len(logits) != len(batch):
-                raise BackendError(f"{name} returned {len(logits)} answers for {len(batch)} requests")
+            logits = self._infer(batch)
         except (BackendUnavailable, BackendTimeout) as e:
             self._fail(batch, e)  # the backend is down for everyone: retrying one by one only adds load
-        except ShimError as e:
+        except BackendError as e:
             if len(batch) == 1:
                 self._fail(batch, e)
             else:  # one bad request must not fail the others: each one alone gets its own answer or error
                 log.warning("%s failed a batch of %d (%s); retrying each request alone", name, len(batch), e)
                 for pending in batch:
                     self._send_alone(pending)
-        except Exception as e:  # the sender thread's outermost frame: a bug must not strand the requests
-            log.exception("%s raised an unexpected error for a batch of %d", name, len(batch))
-            self._fail(batch, BackendError(f"{name} failed: {type(e).__name__}: {e}"))
         else:
             for pending, row in zip(batch, logits, strict=True):
                 pending.future.set_result(row)
         finally:
             metrics.STAGE_SECONDS.labels("infer", name).observe(time.perf_counter() - started)
 
+    def _infer(self, batch: list[_Pending]) -> npt.NDArray[np.float32]:
+        logits = self.backend.infer(np.stack([p.tensor for p in batch]), [p.request_id for p in batch])
+        if len(logits) != len(batch):
+            raise BackendError(f"{self.backend.name} returned {len(logits)} answers for {len(batch)} requests")
+        return logits
+
     def _send_alone(self, pending: _Pending) -> None:
         try:
-            pending.future.set_result(self.backend.infer(pending.tensor[None], [pending.request_id])[0])
-        except ShimError as e:
+            pending.future.set_result(self._infer([pending])[0])
+        except BackendError as e:
             self._fail([pending], e)
 
-    def _fail(self, batch: list[_Pending], error: ShimError) -> None:
-        metrics.BACKEND_ERRORS.labels(self.backend.name, error.code).inc()
-        for pending in batch:
-            own = type(error)(error.message)  # each request raises its own exception object
-            own.__cause__ = error.__cause__ or error
-            pending.future.set_exception(own)
+    def _fail(self, batch: list[_Pending], error: BackendError) -> None:
+        """Every request of `batch` not answered yet raises its own copy of `error`."""
+        error.backend = self.backend.name
+        unanswered = [p for p in batch if not p.future.done()]
+        if unanswered:
+            metrics.BACKEND_ERRORS.labels(self.backend.name, error.code).inc(len(unanswered))
+        for pending in unanswered:
+            pending.future.set_exception(error.copy())

@@ -1,16 +1,25 @@
-"""The shim's exceptions. Each states its HTTP status and contract code; app/api.py translates them.
+"""Every exception of the shim, in one tree. Each states its HTTP status and contract code; app/api.py
+translates them into the contract's error body at the edge, and nowhere else.
 
     ShimError (500 internal_error)
-    ├── InvalidRequest (400)            the client sent something the contract refuses
-    │   ├── MissingImage                no multipart field `image`
-    │   ├── EmptyImage                  the file is empty
-    │   └── InvalidImage                not a decodable image
-    ├── Unauthorized (401)              admin API without a bearer token
-    ├── Forbidden (403)                 admin API with a wrong token, or switched off
-    ├── TooLarge (413)                  upload bytes or image pixels over the limits
-    └── BackendError (502)              a backend failed to answer
-        ├── BackendUnavailable (503)    unreachable, not ready, circuit open
-        └── BackendTimeout (504)        no answer within the timeout
+    ├── InvalidRequest (400 bad_request)   the client sent something the contract refuses
+    │   ├── MissingImage (missing_image)   no multipart field `image`
+    │   ├── EmptyImage (empty_image)       the file is empty
+    │   ├── InvalidImage (invalid_image)   not a decodable image
+    │   ├── BrokenBody (invalid_body)      a truncated body or broken chunked encoding
+    │   └── InvalidTraffic (invalid_traffic)  a traffic update the admin API or flag file refuses
+    ├── Unauthorized (401)                 admin API without a bearer token
+    ├── Forbidden (403)                    admin API with a wrong token, or switched off
+    ├── FlagNotWritable (409)              the flag file is read-only here (a ConfigMap)
+    ├── TooLarge (413 too_large)           upload bytes, form parts or image pixels over the limits
+    ├── Overloaded (503 overloaded)        this worker's /predict queue is full; comes with Retry-After
+    └── BackendError (502 backend_error)   a backend failed to answer; names the backend
+        ├── BackendUnavailable (503)       unreachable, not ready, shutting down
+        │   ├── CircuitOpen                the breaker keeps calls away after repeated failures
+        │   └── ModelMismatch              Triton serves a model that does not take what the shim sends
+        └── BackendTimeout (504)           no answer within the request's deadline
+
+    SettingsError (a ValueError, not HTTP)  a bad SHIM_* value: start-up stops with its message
 """
 
 from __future__ import annotations
@@ -27,6 +36,10 @@ class ShimError(Exception):
     @property
     def message(self) -> str:
         return str(self.args[0])
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the answer carries besides the body."""
+        return {}
 
 
 class InvalidRequest(ShimError):
@@ -50,10 +63,23 @@ class InvalidImage(InvalidRequest):
     default_message = "the uploaded file is not a readable image"
 
 
+class BrokenBody(InvalidRequest):
+    code = "invalid_body"
+    default_message = "the request body is incomplete or its chunked encoding is broken"
+
+
+class InvalidTraffic(InvalidRequest):
+    code = "invalid_traffic"
+    default_message = "the traffic update is not valid"
+
+
 class Unauthorized(ShimError):
     status = 401
     code = "unauthorized"
     default_message = "this endpoint needs 'Authorization: Bearer <SHIM_ADMIN_TOKEN>'"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="flask-triton-shim admin"'}
 
 
 class Forbidden(ShimError):
@@ -62,16 +88,45 @@ class Forbidden(ShimError):
     default_message = "the token is not valid"
 
 
+class FlagNotWritable(ShimError):
+    status = 409
+    code = "flag_not_writable"
+    default_message = "the traffic flag file cannot be written here"
+
+
 class TooLarge(ShimError):
     status = 413
     code = "too_large"
     default_message = "the upload is too large"
 
 
+class Overloaded(ShimError):
+    status = 503
+    code = "overloaded"
+    default_message = "the service is at capacity; retry later"
+
+    def __init__(self, message: str | None = None, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
 class BackendError(ShimError):
     status = 502
     code = "backend_error"
     default_message = "the inference backend failed"
+
+    def __init__(self, message: str | None = None, *, backend: str = "none") -> None:
+        super().__init__(message)
+        self.backend = backend  # which backend failed: the request's metrics and logs name it
+
+    def copy(self) -> BackendError:
+        """The same error as a new object: each request of a failed batch raises its own."""
+        twin = type(self)(self.message, backend=self.backend)
+        twin.__cause__ = self.__cause__ or self
+        return twin
 
 
 class BackendUnavailable(BackendError):
@@ -80,7 +135,19 @@ class BackendUnavailable(BackendError):
     default_message = "the inference backend is unavailable"
 
 
+class CircuitOpen(BackendUnavailable):
+    default_message = "the backend is failing: its circuit is open"
+
+
+class ModelMismatch(BackendUnavailable):
+    default_message = "Triton serves a model that does not take what the shim sends"
+
+
 class BackendTimeout(BackendError):
     status = 504
     code = "backend_timeout"
     default_message = "the inference backend did not answer in time"
+
+
+class SettingsError(ValueError):
+    """A bad SHIM_* value: the message names the variable, what it got and what it allows."""

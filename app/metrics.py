@@ -28,7 +28,7 @@ BATCH_SIZE = Histogram(
     "shim_batch_size", "Images per backend call made by the shim's batcher", ["backend"],
     buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
 BACKEND_ERRORS = Counter(
-    "shim_backend_errors", "Failed backend calls, by backend and error code", ["backend", "code"])
+    "shim_backend_errors", "Requests whose backend call failed, by backend and error code", ["backend", "code"])
 FALLBACKS = Counter(
     "shim_fallbacks", "Requests answered by legacy because Triton could not answer, by reason", ["reason"])
 ROLLBACKS = Counter(

@@ -27,7 +27,8 @@ T = TypeVar("T")
 class Answer:
     model: str
     predictions: list[Prediction]
-    backend: str
+    backend: str  # which backend answered
+    fallback_reason: str | None = None  # why legacy answered a request routed to Triton
 
 
 def load_labels(path: Path) -> tuple[str, ...]:
@@ -57,15 +58,15 @@ class PredictService:
         self._upstream = upstream
 
     def predict(self, data: bytes, ctx: RequestContext) -> Answer:
-        with self._upstream.admitted() as admission:
+        with self._upstream.on_the_way() as arrived:  # a batch may wait for this request while it decodes
             decision = self._router.decide(ctx)
-            ctx.notes["backend"] = decision.backend
             stage = _Stages(decision.backend)
             image = stage("decode", lambda: preprocess.decode(data, self._spec))
             tensor = stage("preprocess", lambda: preprocess.to_tensor(image, self._spec))
-            logits = self._router.infer(tensor, ctx, decision, admission)  # queue and infer are timed inside
-        predictions = stage("postprocess", lambda: top_k(logits, self._labels, self._k))
-        return Answer(self.model_name, predictions, ctx.notes["backend"])
+            arrived()
+        routed = self._router.infer(tensor, ctx, decision)  # queue and infer are timed by the batcher
+        predictions = stage("postprocess", lambda: top_k(routed.logits, self._labels, self._k))
+        return Answer(self.model_name, predictions, routed.backend, routed.fallback_reason)
 
 
 class _Stages:

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from app.errors import SettingsError
+
+__all__ = ["Mode", "Settings", "SettingsError"]
 T = TypeVar("T")
 PREFIX = "SHIM_"
-
-
-class SettingsError(ValueError):
-    """A bad value: the message names the variable, what it got and what it allows."""
 
 
 class Mode(enum.StrEnum):
@@ -38,7 +37,8 @@ class Settings:
     model_name: str = "resnet50"
     model_version: str = ""  # "" = the version Triton's policy serves (the newest, by default)
     triton_connect_timeout_s: float = 1.0
-    triton_timeout_s: float = 10.0  # network timeout of one Triton request
+    triton_timeout_s: float = 10.0  # the longest a request waits for its answer (batch queue + Triton), 504 beyond
+    readiness_timeout_s: float = 1.0  # /readyz answers within about this, 503 when Triton does not
     # Batching inside one worker
     max_batch_size: int = 32  # also capped by the model's own max_batch_size
     batch_delay_ms: float = 2.0  # the longest a request waits for others while more are on their way
@@ -85,7 +85,7 @@ class Settings:
         _check(bool(self.model_name), "model_name", self.model_name, "a model name")
         _check(self.model_version == "" or self.model_version.isdigit(), "model_version", self.model_version,
                "empty (the served version) or a version number")
-        for name in ("triton_connect_timeout_s", "triton_timeout_s", "max_upload_mb"):
+        for name in ("triton_connect_timeout_s", "triton_timeout_s", "readiness_timeout_s", "max_upload_mb"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
         for name in ("flag_poll_s", "shadow_timeout_s", "breaker_reset_s", "rollback_window_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")

@@ -18,6 +18,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,27 +26,24 @@ from typing import Any
 import mmh3
 
 from app import metrics
-from app.errors import InvalidRequest, ShimError
+from app.errors import FlagNotWritable, InvalidTraffic
 from app.settings import Mode
 
 log = logging.getLogger(__name__)
 CANARY_GROUP = "flask-triton-shim"  # hashed with the key: another rollout with other keys gets other buckets
-
-
-class InvalidTraffic(InvalidRequest):
-    code = "invalid_traffic"
-    default_message = "the traffic update is not valid"
-
-
-class FlagNotWritable(ShimError):
-    status = 409
-    code = "flag_not_writable"
-    default_message = "the traffic flag file cannot be written here"
+CHANGES = ("mode", "canary_percent", "shadow_percent", "reason")  # what a writer may ask for
+AUDIT = ("updated_by", "updated_at")  # set by whoever writes the file: the server, never the admin API's client
+MAX_TEXT = 500  # characters of a reason or an audit field kept
+Clock = Callable[[], float]
 
 
 def bucket(key: str) -> int:
     """The client's fixed bucket, 0-99."""
     return int(mmh3.hash(f"{CANARY_GROUP}:{key}", seed=0, signed=False)) % 100
+
+
+def _now_utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,35 +57,59 @@ class TrafficState:
     reason: str = ""
 
     def with_changes(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
-        """A new state from a partial update (JSON from the admin API or the file); validates it."""
-        unknown = set(changes) - {"mode", "canary_percent", "shadow_percent", "reason", "updated_by", "updated_at",
-                                  "source"}
+        """A new state from a partial update by `updated_by` (the admin API, the rollback); validates it.
+
+        Only CHANGES are accepted: who changed it and when are the server's to say, never the client's.
+        """
+        unknown = sorted(set(changes) - set(CHANGES))
         if unknown:
-            raise InvalidTraffic(f"unknown fields {sorted(unknown)}: expected mode, canary_percent, "
-                                 "shadow_percent, reason")
+            raise InvalidTraffic(f"unknown fields {', '.join(repr(u[:40]) for u in unknown[:10])}: a traffic "
+                                 f"update may set only {', '.join(CHANGES)}")
+        return self._validated(changes, updated_by=updated_by, updated_at=_now_utc())
+
+    def from_file(self, data: dict[str, Any]) -> TrafficState:
+        """The state a flag file holds, on top of this (the settings'): its audit fields are kept, bounded."""
+        unknown = sorted(set(data) - set(CHANGES) - set(AUDIT) - {"source"})
+        if unknown:
+            raise InvalidTraffic(f"unknown fields {', '.join(repr(u[:40]) for u in unknown[:10])}")
+        changes = {k: v for k, v in data.items() if k in CHANGES}
+        return self._validated(changes, updated_by=_text(data, "updated_by", "file"),
+                               updated_at=_text(data, "updated_at", ""))
+
+    def _validated(self, changes: dict[str, Any], *, updated_by: str, updated_at: str) -> TrafficState:
         try:
             mode = Mode(changes.get("mode", self.mode))
-        except ValueError:
-            raise InvalidTraffic(f"mode {changes.get('mode')!r} is not one of {', '.join(Mode)}") from None
+        except (ValueError, TypeError):
+            raise InvalidTraffic(f"mode {str(changes.get('mode'))[:40]!r} is not one of {', '.join(Mode)}") from None
         canary, shadow = (self._percent(changes, name) for name in ("canary_percent", "shadow_percent"))
         return replace(self, mode=mode, canary_percent=canary, shadow_percent=shadow,
-                       reason=str(changes.get("reason", ""))[:500],
-                       updated_by=str(changes.get("updated_by", updated_by)),
-                       updated_at=str(changes.get("updated_at") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+                       reason=_text(changes, "reason", ""), updated_by=updated_by[:MAX_TEXT],
+                       updated_at=updated_at[:MAX_TEXT])
 
     def _percent(self, changes: dict[str, Any], name: str) -> int:
         value = changes.get(name, getattr(self, name))
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
-            raise InvalidTraffic(f"{name} must be a whole number from 0 to 100, not {value!r}")
+            raise InvalidTraffic(f"{name} must be a whole number from 0 to 100, not {str(value)[:40]!r}")
         return value
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "mode": self.mode.value}
 
 
+def _text(data: dict[str, Any], name: str, default: str) -> str:
+    value = data.get(name, default)
+    if not isinstance(value, str):
+        raise InvalidTraffic(f"{name} must be a string")
+    if len(value) > MAX_TEXT:
+        raise InvalidTraffic(f"{name} is {len(value):,} characters long; the limit is {MAX_TEXT}")
+    return value
+
+
 class TrafficFlag:
-    def __init__(self, path: Path | None, default: TrafficState, poll_s: float) -> None:
+    def __init__(self, path: Path | None, default: TrafficState, poll_s: float,
+                 clock: Clock = time.monotonic) -> None:
         self.path = path
+        self._clock = clock
         self._default = default
         self._poll_s = poll_s
         self._state = default
@@ -102,7 +124,7 @@ class TrafficFlag:
         return self._error
 
     def current(self) -> TrafficState:
-        now = time.monotonic()
+        now = self._clock()
         if self.path is None or now - self._checked < self._poll_s:
             return self._state
         with self._lock:
@@ -128,7 +150,7 @@ class TrafficFlag:
                                   "a Kubernetes ConfigMap, change the ConfigMap instead (README: Scale out on "
                                   "Kubernetes)") from e
         with self._lock:
-            self._checked = time.monotonic()
+            self._checked = self._clock()
             self._reload()
         return self._state
 
@@ -156,7 +178,7 @@ class TrafficFlag:
             data = json.loads(self.path.read_text()) if self.path else {}
             if not isinstance(data, dict):
                 raise InvalidTraffic("the flag file must hold a JSON object")
-            state = self._default.with_changes(data, updated_by="file")
+            state = self._default.from_file(data)
         except (OSError, ValueError, InvalidTraffic) as e:
             self._error = f"flag file {self.path} ignored, last good state kept: {e}"
             log.error("%s", self._error)

@@ -1,4 +1,9 @@
-"""Fixtures: a test copy of triton_repo with a small seeded model, and a real Triton serving it."""
+"""Fixtures: a test copy of triton_repo with a small seeded model, and a real Triton serving it.
+
+Tests under tests/unit/ run in-process (fakes at the Backend seam, Flask's test client) and must not ask
+for a fixture that starts a server; tests under tests/integration/ start the real Triton and gunicorn.
+Each gets its marker from its folder: `pytest -m unit` runs in seconds, `make test` runs both.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,16 @@ from tools import launch
 from tools.launch import ServedApp
 
 TEST_ARCH = "resnet18"  # same input and output shapes as resnet50, a third of the compute
+SERVER_FIXTURES = {"triton", "triton_client", "shim_triton", "shim_legacy", "legacy_app", "switchable"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        starts_server = bool(SERVER_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if "unit" in item.path.parts and starts_server:
+            raise pytest.UsageError(f"{item.nodeid} is a unit test but asks for a server: move it to tests/integration")
+        marked = item.get_closest_marker("integration") or item.get_closest_marker("triton")
+        item.add_marker("integration" if "integration" in item.path.parts or starts_server or marked else "unit")
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,11 @@
-"""Fakes at the Backend seam, for testing what sits above it (batcher, router). Never Triton itself."""
+"""Fakes at the Backend seam, for testing what sits above it (batcher, router, API). Never Triton itself."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -12,10 +13,15 @@ from app.backends.base import Readiness
 from app.errors import BackendError, BackendUnavailable
 
 POISON = -7.0  # an image whose first value is POISON makes the fake fail the batch it is in
+CLASSES = 1000
 
 
 class EchoBackend:
-    """Logits [N, 1000] whose first value is the first value of each image: answers are traceable."""
+    """Logits [N, 1000] whose first value is the first value of each image: answers are traceable.
+
+    `down` makes every call fail as unavailable; `hang` makes calls block until it is cleared (a Triton
+    that accepts and never answers); `broken` makes calls raise a bug's exception (not a BackendError).
+    """
 
     def __init__(self, name: str = "fake", max_batch_size: int = 32, delay_s: float = 0.0) -> None:
         self.name = name
@@ -24,6 +30,9 @@ class EchoBackend:
         self.batches: list[int] = []
         self.request_ids: list[list[str]] = []
         self.down = False
+        self.broken = False
+        self.hang = threading.Event()  # set: calls block until it is cleared
+        self.started = 0
         self._lock = threading.Lock()
 
     @property
@@ -34,27 +43,38 @@ class EchoBackend:
         with self._lock:
             self.batches.append(len(batch))
             self.request_ids.append(list(request_ids))
+        while self.hang.is_set():
+            time.sleep(0.005)
         if self.down:
-            raise BackendUnavailable(f"{self.name} is down")
+            raise BackendUnavailable(f"{self.name} is down", backend=self.name)
+        if self.broken:
+            raise ZeroDivisionError("a bug in the backend")
         if self.delay_s:
             time.sleep(self.delay_s)
         if np.any(batch[:, 0, 0, 0] == POISON):
-            raise BackendError(f"{self.name} rejected an input")
-        logits = np.zeros((len(batch), 1000), dtype=np.float32)
+            raise BackendError(f"{self.name} rejected an input", backend=self.name)
+        logits = np.zeros((len(batch), CLASSES), dtype=np.float32)
         logits[:, 0] = batch[:, 0, 0, 0]
         return logits
 
     def start(self) -> None:
-        pass
+        self.started += 1
 
     def ready(self) -> Readiness:
-        return Readiness(not self.down, "down" if self.down else "up")
+        if self.hang.is_set() or self.down:
+            return Readiness(False, f"{self.name} is down")
+        return Readiness(True, f"{self.name} is up")
 
     def close(self) -> None:
-        pass
+        self.hang.clear()
 
 
 def image(value: float) -> np.ndarray:
     tensor = np.zeros((3, 224, 224), dtype=np.float32)
     tensor[0, 0, 0] = value
     return tensor
+
+
+def write_labels(path: Path) -> Path:
+    path.write_text("".join(f"class {i}\n" for i in range(CLASSES)))
+    return path

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from app import promtext, waiting
 from tools.sample_images import encode, photo
 
 __all__ = ["encode", "photo"]  # re-exported: the tests' images come from the same place as the bench's
@@ -46,28 +46,30 @@ def reference_transform() -> Callable[[Image.Image], np.ndarray]:
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    """Poll with a deadline (app.waiting); a timeout fails the test with what was awaited."""
+    try:
+        waiting.wait_until(predicate, timeout_s, what, interval_s=interval_s)
+    except waiting.WaitTimeout as e:
+        raise AssertionError(str(e)) from None
 
 
-def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample of a Prometheus endpoint as (name, labels, value)."""
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(url, timeout=10).text
-    return [(s.name, dict(s.labels), float(s.value))
-            for family in text_string_to_metric_families(text) for s in family.samples]
+def scrape(url: str) -> list[promtext.Sample]:
+    """Every sample of a Prometheus endpoint."""
+    return promtext.scrape(url)
 
 
-def metric_sum(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
-    return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
+metric_sum = promtext.total
+metric_max = promtext.maximum
 
 
-def metric_max(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
-    values = [v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())]
-    return max(values, default=0.0)
+class FakeClock:
+    """A monotonic clock that moves only when a test says so: for the breaker, windows and polling."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

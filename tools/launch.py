@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,19 +23,18 @@ class ServedApp:
                                         start_new_session=True)
 
     def wait(self, path: str, timeout_s: float = 120, status: int = 200) -> ServedApp:
-        import requests
+        """Until `path` answers `status` (a worker may still be importing torch); fails with the log."""
+        from app.waiting import WaitTimeout, wait_for_http
 
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"{self.name} exited ({self.process.returncode}):\n{self.log()}")
-            try:
-                if requests.get(self.url + path, timeout=5).status_code == status:
-                    return self
-            except (requests.ConnectionError, requests.Timeout):  # a worker still importing torch: ask again
-                pass
-            time.sleep(0.25)
-        raise AssertionError(f"{self.name}: {path} not {status} within {timeout_s} s:\n{self.log()}")
+        def exited() -> str | None:
+            return None if self.process.poll() is None else f"{self.name} exited ({self.process.returncode})"
+
+        try:
+            wait_for_http(self.url + path, timeout_s, status=status, what=f"{self.name}: {path} to answer {status}",
+                          give_up=exited)
+        except WaitTimeout as e:
+            raise AssertionError(f"{e}:\n{self.log()}") from None
+        return self
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
@@ -50,8 +48,6 @@ class ServedApp:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
-
-
 
 
 def free_port() -> int:

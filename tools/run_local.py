@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTritonError  # noqa: E402
+from app.waiting import WaitTimeout, wait_for_http  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -37,16 +36,14 @@ def parse_args() -> argparse.Namespace:
 
 
 def wait_for(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.5)
-    return False
+    def exited() -> str | None:
+        return None if process.poll() is None else "the shim exited"
+
+    try:
+        wait_for_http(url, timeout_s, give_up=exited)
+    except WaitTimeout:
+        return False
+    return True
 
 
 def main() -> int:

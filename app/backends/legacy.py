@@ -53,43 +53,52 @@ class LegacyBackend:
     def ready(self) -> Readiness:
         if not self._started:
             return Readiness(False, f"legacy model {self.model_path} is not loaded (no traffic mode needed it yet)")
-        if self._error:
-            return Readiness(False, self._error)
         if not self._loaded.is_set():
             return Readiness(False, f"legacy model {self.model_path} is loading")
+        if self._model is None:
+            return Readiness(False, self._error or f"legacy model {self.model_path} failed to load")
         return Readiness(True, f"legacy model {self.model_path} is loaded")
 
     def infer(self, batch: npt.NDArray[np.float32], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
         self.start()
         if not self._loaded.wait(self._load_timeout_s) or self._model is None:
-            raise BackendUnavailable(self._error or f"legacy model {self.model_path} is still loading")
+            raise BackendUnavailable(self._error or f"legacy model {self.model_path} is still loading",
+                                     backend=self.name)
         import torch
 
         try:
             with torch.inference_mode():
                 return np.asarray(self._model(torch.from_numpy(batch)).numpy(), dtype=np.float32)
         except RuntimeError as e:  # torch reports every failure of forward() as RuntimeError
-            raise BackendError(f"legacy model failed: {e}") from e
+            raise BackendError(f"legacy model failed: {e}", backend=self.name) from e
 
     def close(self) -> None:
         self._model = None
 
     def _load(self) -> None:
         try:
-            import torch
-
-            if not self.model_path.is_file():
-                raise FileNotFoundError(f"legacy model {self.model_path} does not exist; run `make export` "
-                                        "or set SHIM_LEGACY_MODEL_PATH")
-            if self._threads:
-                torch.set_num_threads(self._threads)
-            model = torch.jit.load(str(self.model_path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
-            with torch.inference_mode():  # the first call optimises the graph; no client should pay for it
-                model(torch.zeros((1, *self._image_shape)))
-            self._model = model
+            self._model = self._build()
             log.info("legacy model %s loaded", self.model_path)
-        except (OSError, RuntimeError, ValueError) as e:
-            self._error = f"legacy model {self.model_path} failed to load: {e}"
+        except ImportError as e:
+            self._error = (f"legacy model {self.model_path} cannot load: {e.name or 'torch'} is not installed here "
+                           "(the image was built without the legacy backend: build it with WITH_LEGACY=1, or "
+                           "pip install '.[legacy]')")
+            log.error("%s", self._error)
+        except Exception as e:  # the load thread's outermost frame: whatever failed, readiness must say so
+            self._error = f"legacy model {self.model_path} failed to load: {type(e).__name__}: {e}"
             log.error("%s", self._error)
         finally:
             self._loaded.set()
+
+    def _build(self) -> Any:
+        import torch
+
+        if not self.model_path.is_file():
+            raise FileNotFoundError(f"{self.model_path} does not exist; run `make export` or set "
+                                    "SHIM_LEGACY_MODEL_PATH")
+        if self._threads:
+            torch.set_num_threads(self._threads)
+        model = torch.jit.load(str(self.model_path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
+        with torch.inference_mode():  # the first call optimises the graph; no client should pay for it
+            model(torch.zeros((1, *self._image_shape)))
+        return model

@@ -13,9 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +21,7 @@ from typing import IO, Self
 from app.embedded_triton.cpu_repo import check_model_files, sync_cpu_repo
 from app.embedded_triton.errors import EmbeddedTritonError
 from app.embedded_triton.wheel import TritonWheel, find_wheel, server_environment
+from app.waiting import WaitTimeout, wait_for_http
 
 log = logging.getLogger("embedded_triton")
 # Error lines that a Triton without GPU always prints; they hide the real cause of a failed start.
@@ -159,21 +157,18 @@ class EmbeddedTriton:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        url = f"http://{self.http_url}/v2/health/ready"
-        while time.monotonic() < deadline:
+        def exited() -> str | None:
+            return None if self.running else "tritonserver exited"
+
+        try:
+            wait_for_http(f"http://{self.http_url}/v2/health/ready", timeout_s, what="tritonserver to be ready",
+                          give_up=exited)
+        except WaitTimeout as e:
             if not self.running:
                 raise EmbeddedTritonError(f"tritonserver exited during start-up ({self._errors()}); "
-                                          f"full log: {self.log_path}")
-            try:
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.25)
-        raise EmbeddedTritonError(f"tritonserver was not ready within {timeout_s:.0f} s ({self._errors()}); "
-                                  f"full log: {self.log_path}")
+                                          f"full log: {self.log_path}") from e
+            raise EmbeddedTritonError(f"tritonserver was not ready within {timeout_s:.0f} s ({self._errors()}); "
+                                      f"full log: {self.log_path}") from e
 
     def stop(self) -> None:
         self._stop.set()

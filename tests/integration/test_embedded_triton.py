@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 from PIL import Image
 
+from app import promtext
 from app.embedded_triton import EmbeddedTriton
 from app.embedded_triton.cpu_repo import read_config
 from tests.support import ROOT, TRITON_REPO, free_ports, photo, reference_transform, wait_until
@@ -36,14 +35,6 @@ def run_reference(model: object, batch: np.ndarray) -> np.ndarray:
 
     with torch.inference_mode():
         return model(torch.from_numpy(batch)).numpy()  # type: ignore[operator]
-
-
-def metric(text: str, name: str, model: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_server_is_live_and_ready(triton_client: httpclient.InferenceServerClient) -> None:
@@ -95,11 +86,7 @@ def test_pipeline_agrees_with_resnet50_fed_the_shim_side_tensor(
 
 
 def test_metrics_show_that_dynamic_batching_merged_concurrent_requests(triton: EmbeddedTriton) -> None:
-    def scrape() -> str:
-        with urllib.request.urlopen(triton.metrics_url, timeout=5) as response:
-            return response.read().decode()
-
-    before = scrape()
+    before = promtext.scrape(triton.metrics_url)
     image = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32)
 
     def one(_: int) -> None:
@@ -112,13 +99,15 @@ def test_metrics_show_that_dynamic_batching_merged_concurrent_requests(triton: E
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(one, range(16)))
-    after = scrape()
+    after = promtext.scrape(triton.metrics_url)
     for family in ("nv_inference_request_success", "nv_inference_queue_duration_us",
                    "nv_inference_count", "nv_inference_exec_count"):
-        assert re.search(rf"^{family}\{{.*model=\"resnet50\"", after, re.M), family
-    inferences = metric(after, "nv_inference_count", "resnet50") - metric(before, "nv_inference_count", "resnet50")
-    executions = (metric(after, "nv_inference_exec_count", "resnet50")
-                  - metric(before, "nv_inference_exec_count", "resnet50"))
+        assert any(s.matches(family, {"model": "resnet50"}) for s in after), family
+
+    def delta(name: str) -> float:
+        return promtext.total(after, name, model="resnet50") - promtext.total(before, name, model="resnet50")
+
+    inferences, executions = delta("nv_inference_count"), delta("nv_inference_exec_count")
     assert inferences == 48
     assert executions < inferences, f"{executions} executions for {inferences} inferences: nothing was batched"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,11 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
         assert requests.post(shim.url + "/predict", files={"image": image}, timeout=60).status_code == 200
 
         triton.stop()
-        started = time.monotonic()
-        down = requests.post(shim.url + "/predict", files={"image": image}, timeout=60)
-        elapsed = time.monotonic() - started
+        # A refused connection is answered within the timeouts, not after some long hang.
+        down = requests.post(shim.url + "/predict", files={"image": image}, timeout=TIMEOUT_S * 2 + 5)
         assert down.status_code == 503, down.text
         assert down.json()["error"] == "backend_unavailable"
         assert set(down.json()) == {"error", "message"}
-        assert elapsed < TIMEOUT_S * 2 + 5, f"the 503 took {elapsed:.1f} s"
         for _ in range(3):  # the breaker opens: later requests are refused without calling Triton
             again = requests.post(shim.url + "/predict", files={"image": image}, timeout=60)
             assert again.status_code == 503 and again.json()["error"] == "backend_unavailable"
@@ -52,8 +49,7 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
         def recovered() -> bool:
             return requests.get(shim.url + "/readyz", timeout=30).status_code == 200
 
-        wait_until(recovered, 60, "the shim's readiness to recover")
-        time.sleep(1)  # the breaker's cool-down: the next request is its probe
+        wait_until(recovered, 60, "the shim's readiness to recover")  # which half-opens the circuit
         for _ in range(4):
             again = requests.post(shim.url + "/predict", files={"image": image}, timeout=60)
             assert again.status_code == 200, again.text

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 
 import numpy as np
 import pytest
 
-from app.backends.triton import ModelMismatch, TritonBackend, check_model
+from app.backends.triton import TritonBackend, check_model
 from app.embedded_triton import EmbeddedTriton
-from app.errors import BackendTimeout, BackendUnavailable
+from app.errors import BackendTimeout, BackendUnavailable, ModelMismatch
 
 pytestmark = pytest.mark.triton
 IMAGE = (3, 224, 224)
@@ -18,7 +19,7 @@ IMAGE = (3, 224, 224)
 
 def backend(url: str, model: str = "resnet50", classes: int = 1000, timeout_s: float = 10) -> TritonBackend:
     return TritonBackend(url=url, model=model, version="", connect_timeout_s=1, network_timeout_s=timeout_s,
-                         image_shape=IMAGE, classes=classes, max_batch_size=64)
+                         readiness_timeout_s=1, image_shape=IMAGE, classes=classes, max_batch_size=64)
 
 
 def test_ready_model_with_matching_metadata(triton: EmbeddedTriton) -> None:
@@ -45,6 +46,28 @@ def test_a_mismatch_or_missing_model_keeps_readiness_off_with_one_clear_message(
     with pytest.raises(BackendUnavailable, match=message):
         b.infer(np.zeros((1, *IMAGE), np.float32), ["x"])
     b.close()
+
+
+def test_every_request_id_of_a_full_batch_reaches_triton(triton: EmbeddedTriton,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Triton echoes the ID it received in its answer: all 32 of a full batch must be there, not a cut."""
+    ids = [f"{i:02d}-" + "abcdef0123456789" * 2 for i in range(32)]  # 35 characters each, as uuid4().hex + more
+    b = backend(triton.http_url)
+    with caplog.at_level(logging.DEBUG, logger="app.backends.triton"):
+        b.infer(np.zeros((32, *IMAGE), np.float32), ids)
+    b.close()
+    (echoed,) = [r.triton_request_id for r in caplog.records if hasattr(r, "triton_request_id")]
+    assert echoed.split(",") == ids
+
+
+def test_readiness_of_a_silent_server_answers_within_its_own_deadline() -> None:
+    with socket.socket() as silent:  # accepts connections, never answers (as a SIGSTOPped Triton)
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        b = backend(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=30)
+        state = b.ready()
+        assert not state.ready and "did not answer within 1 s" in state.detail, state.detail
+        b.close()
 
 
 def test_unreachable_is_503_and_silent_server_is_504() -> None:

@@ -8,15 +8,14 @@ real Triton, except the GPU families a CPU Triton cannot export, which are check
 from __future__ import annotations
 
 import json
-import re
 import uuid
-from collections import defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
+from app import promtext
 from app.embedded_triton import EmbeddedTriton
 from tests.deploy_support import (
     DASHBOARD,
@@ -107,32 +106,9 @@ def test_the_dashboard_has_the_panels_operators_watch_on_the_provisioned_datasou
     assert dashboard()["uid"] and dashboard()["title"]
 
 
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="(?:[^"\\]|\\.)*"')
-
-
-def samples(url: str) -> list[tuple[str, set[str], float]]:
-    """(name, label names, value) of each sample in a Prometheus text exposition, names as exposed.
-
-    Read as text: prometheus_client's parser renames counter samples to name_total, which Triton's
-    counters (nv_inference_request_success) are not called.
-    """
-    response = requests.get(url, timeout=30)
-    response.raise_for_status()
-    found = []
-    for line in response.text.splitlines():
-        match = SAMPLE.match(line)
-        if match and not line.startswith("#"):
-            found.append((match.group(1), set(LABEL.findall(match.group(2) or "")), float(match.group(3))))
-    return found
-
-
 def scrape(url: str) -> dict[str, set[str]]:
-    """Sample names in a scrape, with the label names each carries."""
-    labels: dict[str, set[str]] = defaultdict(set)
-    for name, names, _ in samples(url):
-        labels[name] |= names
-    return dict(labels)
+    """Sample names in a scrape, names as exposed (Triton's counters have no _total), with their label names."""
+    return promtext.label_names(promtext.scrape(url))
 
 
 def predict(base_url: str, jpeg: bytes, request_ids: Iterable[str]) -> list[requests.Response]:
@@ -173,7 +149,7 @@ def test_every_metric_the_dashboard_alerts_and_adapter_use_is_exported(shim_trit
 
 
 def requests_total(url: str) -> float:
-    return sum(value for name, _, value in samples(url + "/metrics") if name == "shim_requests_total")
+    return promtext.total(promtext.scrape(url + "/metrics"), "shim_requests_total")
 
 
 def log_lines(served: ServedApp) -> list[dict[str, object]]:

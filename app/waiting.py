@@ -1,0 +1,48 @@
+"""Wait for a condition with a deadline: one way, for the embedded server, the tools, the benchmark and the tests."""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+
+class WaitTimeout(TimeoutError):
+    """The condition did not hold before the deadline; the message says what was awaited."""
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, *, interval_s: float = 0.2,
+               give_up: Callable[[], str | None] | None = None) -> None:
+    """Poll `predicate` until it is true; raise WaitTimeout after `timeout_s`.
+
+    `give_up` is asked between polls: a message from it ends the wait at once (a process that died).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return
+        reason = give_up() if give_up is not None else None
+        if reason:
+            raise WaitTimeout(f"stopped waiting for {what}: {reason}")
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def http_status(url: str, timeout_s: float = 2.0) -> int | None:
+    """The status a GET of `url` answers, or None when nothing answers in time."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except (urllib.error.URLError, OSError):  # refused, reset, timed out: not up (yet)
+        return None
+
+
+def wait_for_http(url: str, timeout_s: float, *, status: int = 200, what: str | None = None,
+                  give_up: Callable[[], str | None] | None = None) -> None:
+    """Poll `url` until it answers `status`."""
+    wait_until(lambda: http_status(url) == status, timeout_s, what or f"{url} to answer {status}",
+               interval_s=0.25, give_up=give_up)

@@ -1,0 +1,213 @@
+"""The whole Flask app in-process, with fake backends at the seam, driven by Flask's test client.
+
+What the legacy contract promises (shapes, codes, headers), the error mapping, the admin API and
+readiness, without a server: tests/integration holds the same app under gunicorn against the real Triton.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from werkzeug.test import EnvironBuilder
+
+from app import create_app
+from app.settings import Mode, Settings
+from tests.fakes import EchoBackend, write_labels
+from tests.support import encode, photo
+from tests.uploads import Upload, bad_uploads, valid_uploads
+
+TOKEN = "unit-test-admin-token-0123"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
+JPEG = encode(photo(320, 240, seed=5), "JPEG")
+
+
+@dataclass
+class App:
+    flask: Flask
+    client: FlaskClient
+    triton: EchoBackend
+    legacy: EchoBackend
+    flag_file: Path
+
+    def predict(self, data: bytes = JPEG, headers: dict[str, str] | None = None) -> Any:
+        return post_multipart(self.client, {"image": (io.BytesIO(data), "photo.jpg")}, headers=headers)
+
+
+def post_multipart(client: FlaskClient, data: dict[str, Any], method: str = "POST",
+                   headers: dict[str, str] | None = None) -> Any:
+    """Like client.post(data=...), closing the temporary file werkzeug's builder spools large bodies into."""
+    builder = EnvironBuilder(path="/predict", method=method, data=data, headers=headers,
+                             content_type="multipart/form-data")
+    try:
+        environ = builder.get_environ()
+        try:
+            return client.open(environ)
+        finally:
+            environ["wsgi.input"].close()
+    finally:
+        builder.close()
+
+
+def make_app(tmp_path: Path, **settings: Any) -> App:
+    triton, legacy = EchoBackend("triton"), EchoBackend("legacy")
+    values = {"labels_path": write_labels(tmp_path / "labels.txt"), "flag_file": tmp_path / "traffic.json",
+              "admin_token": TOKEN, "batch_delay_ms": 0.0, **settings}
+    flask = create_app(Settings(**values), backends={"triton": triton, "legacy": legacy})
+    return App(flask, flask.test_client(), triton, legacy, values["flag_file"])
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[App]:
+    made = make_app(tmp_path)
+    yield made
+    made.flask.extensions["shim"].close()
+
+
+def send(client: FlaskClient, upload: Upload) -> Any:
+    """An Upload (requests-style arguments) through Flask's test client."""
+    kwargs = dict(upload.kwargs)
+    if upload.files is not None:
+        data = {name: (io.BytesIO(body), filename) for name, (filename, body) in upload.files.items()}
+        return post_multipart(client, data, method=upload.method)
+    if "json" in kwargs:
+        return client.open("/predict", method=upload.method, json=kwargs["json"])
+    return client.open("/predict", method=upload.method, data=kwargs.get("data"), headers=kwargs.get("headers"))
+
+
+def test_an_image_gets_the_contracts_answer_from_triton(app: App) -> None:
+    answer = app.predict()
+    assert answer.status_code == 200, answer.json
+    assert answer.content_type == "application/json"
+    body = answer.json
+    assert list(body) == ["model", "predictions"] and body["model"] == "resnet50"
+    assert len(body["predictions"]) == 5
+    assert all(list(p) == ["label", "class_id", "score"] for p in body["predictions"])
+    assert body["predictions"][0]["label"] == f"class {body['predictions'][0]['class_id']}"
+    assert answer.headers["X-Shim-Backend"] == "triton"
+    assert app.triton.batches == [1] and app.legacy.batches == []
+
+
+@pytest.mark.parametrize("upload", valid_uploads(), ids=lambda u: u.name)
+def test_every_image_kind_the_contract_accepts_is_answered(app: App, upload: Upload) -> None:
+    answer = send(app.client, upload)
+    assert answer.status_code == 200, answer.json
+    assert len(answer.json["predictions"]) == 5
+
+
+@pytest.mark.parametrize("upload", bad_uploads(), ids=lambda u: u.name)
+def test_bad_input_gets_its_4xx_in_the_contracts_shape(app: App, upload: Upload) -> None:
+    answer = send(app.client, upload)
+    assert answer.status_code == upload.status, answer.json
+    assert set(answer.json) == {"error", "message"} and answer.json["message"]
+    assert app.triton.batches == [], "bad input must never reach a backend"
+
+
+def test_too_many_form_parts_says_so_not_that_the_upload_is_too_big(app: App) -> None:
+    parts = {f"f{i}": "x" for i in range(1001)}
+    answer = post_multipart(app.client, parts)
+    assert answer.status_code == 413
+    assert answer.json["error"] == "too_large" and "1,000 form parts" in answer.json["message"], answer.json
+    assert "16,777,216" not in answer.json["message"]
+
+
+@pytest.mark.parametrize(("failure", "status", "code"), [
+    ("down", 503, "backend_unavailable"), ("broken", 502, "backend_error"), ("hang", 504, "backend_timeout")])
+def test_a_failing_backend_becomes_the_contracts_5xx(tmp_path: Path, failure: str, status: int, code: str) -> None:
+    app = make_app(tmp_path, triton_timeout_s=0.3)
+    if failure == "hang":
+        app.triton.hang.set()
+    else:
+        setattr(app.triton, failure, True)
+    try:
+        answer = app.predict()
+    finally:
+        app.triton.hang.clear()
+    assert answer.status_code == status, answer.json
+    assert answer.json["error"] == code and set(answer.json) == {"error", "message"}
+    app.flask.extensions["shim"].close()
+
+
+def test_fallback_answers_from_legacy_and_the_header_says_so(tmp_path: Path) -> None:
+    app = make_app(tmp_path, fallback=True)
+    app.triton.down = True
+    answer = app.predict()
+    assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == "legacy"
+    app.flask.extensions["shim"].close()
+
+
+def test_request_ids_are_echoed_when_valid_and_made_otherwise(app: App) -> None:
+    assert app.predict(headers={"X-Request-ID": "client-abc-123"}).headers["X-Request-ID"] == "client-abc-123"
+    made = app.predict(headers={"X-Request-ID": "bad id; with spaces"}).headers["X-Request-ID"]
+    assert len(made) == 32 and made.isalnum()
+    assert app.client.get("/nowhere").headers["X-Request-ID"]
+    assert app.triton.request_ids[0] == ["client-abc-123"]
+
+
+def test_health_answers_and_readiness_names_each_backend(tmp_path: Path) -> None:
+    app = make_app(tmp_path, mode=Mode.CANARY, canary_percent=10)
+    assert app.client.get("/healthz").json == {"status": "ok"}
+    ready = app.client.get("/readyz")
+    assert ready.status_code == 200 and ready.json["mode"] == "canary"
+    assert set(ready.json["backends"]) == {"legacy", "triton"}
+    app.triton.down = True
+    not_ready = app.client.get("/readyz")
+    assert not_ready.status_code == 503 and not_ready.json["backends"]["triton"]["ready"] is False
+    app.flask.extensions["shim"].close()
+
+
+def test_admin_api_switches_and_the_server_alone_says_who_and_when(app: App) -> None:
+    changed = app.client.put("/admin/traffic", json={"mode": "legacy", "reason": "rollback"}, headers=ADMIN)
+    assert changed.status_code == 200, changed.json
+    view = app.client.get("/traffic").json
+    assert (view["mode"], view["updated_by"], view["reason"]) == ("legacy", "admin-api", "rollback")
+    assert json.loads(app.flag_file.read_text())["mode"] == "legacy"
+    assert app.predict().headers["X-Shim-Backend"] == "legacy"
+
+
+@pytest.mark.parametrize("changes", [{"mode": "legacy", "updated_by": "auto-rollback"},
+                                     {"mode": "legacy", "updated_at": "1999-01-01T00:00:00Z"},
+                                     {"mode": "legacy", "source": "env"}, {"updated_by": "x" * 5_000_000}])
+def test_admin_api_refuses_unknown_fields_and_names_them(app: App, changes: dict[str, Any]) -> None:
+    before = app.client.get("/traffic").json
+    answer = app.client.put("/admin/traffic", json=changes, headers=ADMIN)
+    assert answer.status_code == 400 and answer.json["error"] == "invalid_traffic"
+    field = next(k for k in changes if k not in ("mode",))
+    assert repr(field) in answer.json["message"] and len(answer.json["message"]) < 300
+    assert app.client.get("/traffic").json == before
+
+
+@pytest.mark.parametrize(("headers", "status"), [
+    ({}, 401), ({"Authorization": "Bearer wrong-token-wrong-token"}, 403), ({"Authorization": f"Basic {TOKEN}"}, 401),
+    ({"Authorization": TOKEN}, 401)])
+def test_unauthorized_admin_calls_change_nothing(app: App, headers: dict[str, str], status: int) -> None:
+    before = app.client.get("/traffic").json
+    answer = app.client.put("/admin/traffic", json={"mode": "legacy"}, headers=headers)
+    assert answer.status_code == status and set(answer.json) == {"error", "message"}
+    assert app.client.get("/traffic").json == before
+
+
+def test_admin_api_is_off_without_a_token(tmp_path: Path) -> None:
+    app = make_app(tmp_path, admin_token="")
+    answer = app.client.put("/admin/traffic", json={"mode": "legacy"}, headers=ADMIN)
+    assert answer.status_code == 403 and "SHIM_ADMIN_TOKEN" in answer.json["message"]
+    app.flask.extensions["shim"].close()
+
+
+def test_metrics_count_each_answer_by_backend_and_status(app: App) -> None:
+    def count(backend: str, status: str) -> float:
+        text = app.client.get("/metrics").get_data(as_text=True)
+        want = f'shim_requests_total{{backend="{backend}",mode="triton",status="{status}"}}'
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(want))
+
+    ok, bad = count("triton", "200"), count("none", "400")
+    app.predict()
+    app.predict(b"not an image")
+    assert count("triton", "200") == ok + 1 and count("none", "400") == bad + 1
