@@ -20,6 +20,7 @@ help:
 	@echo "make promtool - unpack promtool (Prometheus' checker) into .cache/tools for the deploy tests"
 	@echo "make bench   - the Flask-vs-Triton benchmark, about 10 min (bench/RESULTS.md; BENCH_ARGS=--help)"
 	@echo "make bench-quick - the same in under 2 minutes (resnet18, fewer and shorter runs)"
+	@echo "make bench-frontend - the shim's CPU per image with a near-free model: floor, legacy front, each transport, direct (about 5 min; BENCH_ARGS=--profile)"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
@@ -57,13 +58,16 @@ $(PROMTOOL):
 	  && chmod +x promtool.tmp && mv promtool.tmp promtool; rm -f prometheus_*.deb promtool.tmp; \
 	else echo "no apt-get here: the promtool checks will be skipped"; fi
 
-.PHONY: bench bench-quick
+.PHONY: bench bench-quick bench-frontend
 BENCH_ARGS ?=
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
 
 bench-quick: install
 	$(PY) -m bench --quick $(BENCH_ARGS)
+
+bench-frontend: install
+	$(PY) -m bench --frontend $(BENCH_ARGS)
 
 lint: install
 	$(PY) -m ruff check app tools tests bench gunicorn.conf.py

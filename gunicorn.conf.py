@@ -56,9 +56,13 @@ def on_starting(server):
 
 
 def child_exit(server, worker):
+    from app.backends.shm import forget_worker
     from app.metrics import mark_worker_dead
 
     mark_worker_dead(worker.pid)
+    if _settings.transport in ("auto", "shm", "uint8-shm"):
+        # A worker that was killed could not unregister its shared memory: the master does it for it.
+        forget_worker(_settings.triton_host_port, worker.pid)
 
 
 def worker_exit(server, worker):

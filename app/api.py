@@ -15,6 +15,7 @@ from app import bodies, contract, metrics
 from app.errors import BackendError, Forbidden, InvalidRequest, MissingImage, ShimError, Unauthorized
 from app.logs import REQUEST_ID
 from app.routing import RequestContext, describe
+from app.uploads import image_from_form
 from app.wiring import Shim
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,19 @@ def _reset(_: BaseException | None) -> None:
 
 @bp.post("/predict")
 def predict() -> Response:
-    upload = request.files.get(contract.IMAGE_FIELD)
-    if upload is None:
-        raise MissingImage()
+    content_type = request.headers.get("Content-Type", "")
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise MissingImage()  # the contract's answer to a JSON or raw body; its bytes are never read
+    data = image_from_form(request.get_data(cache=False), content_type, contract.IMAGE_FIELD,
+                           max_parts=current_app.config["MAX_FORM_PARTS"],
+                           max_field_bytes=current_app.config["MAX_FORM_MEMORY_SIZE"])
     settings = shim().settings
     forced = request.headers.get(BACKEND_HEADER) if settings.override_header else None
     ctx = RequestContext(request_id=g.request_id, routing_key=_routing_key(settings.canary_header),
                          forced_backend=forced)
     metrics.INFLIGHT.inc()
     try:
-        answer = shim().service.predict(upload.read(), ctx)
+        answer = shim().service.predict(data, ctx)
     except BackendError as e:
         g.backend = e.backend
         raise
@@ -103,7 +107,8 @@ def healthz() -> Response:
 def readyz() -> tuple[Response, int]:
     report = shim().router.readiness()
     body = {"ready": report.ready, "mode": report.mode.value,
-            "backends": {name: {"ready": s.ready, "detail": s.detail} for name, s in report.backends.items()}}
+            "backends": {name: {"ready": s.ready, "detail": s.detail} for name, s in report.backends.items()},
+            "transport": report.transport}
     return jsonify(body), 200 if report.ready else 503
 
 

@@ -30,6 +30,7 @@ import numpy.typing as npt
 from app import metrics
 from app.backends.base import Backend
 from app.errors import BackendError, BackendTimeout, BackendUnavailable
+from app.preprocess import Prepared
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class Upstream:
                 if not done:
                     done = True
                     self.count -= 1
-                    self.cond.notify_all()
+                    if self.count == 0:  # a sender holding a batch open for it may go now; submit() wakes it too
+                        self.cond.notify_all()
 
         with self.cond:
             self.count += 1
@@ -67,7 +69,7 @@ class Upstream:
 
 @dataclass
 class _Pending:
-    tensor: npt.NDArray[np.float32]
+    image: Prepared
     request_id: str
     future: Future[npt.NDArray[np.float32]] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
@@ -86,10 +88,10 @@ class Batcher:
         self._pid: int | None = None
         self._closed = False
 
-    def submit(self, tensor: npt.NDArray[np.float32], request_id: str, *, timeout_s: float) -> npt.NDArray[np.float32]:
+    def submit(self, image: Prepared, request_id: str, *, timeout_s: float) -> npt.NDArray[np.float32]:
         """The logits row for this one image, within `timeout_s`; raises the request's own BackendError."""
         self._ensure_started()
-        pending = _Pending(tensor, request_id)
+        pending = _Pending(image, request_id)
         with self._cond:
             if self._closed:
                 raise BackendUnavailable("the shim is shutting down", backend=self.backend.name)
@@ -181,7 +183,7 @@ class Batcher:
             metrics.STAGE_SECONDS.labels("infer", name).observe(time.perf_counter() - started)
 
     def _infer(self, batch: list[_Pending]) -> npt.NDArray[np.float32]:
-        logits = self.backend.infer(np.stack([p.tensor for p in batch]), [p.request_id for p in batch])
+        logits = self.backend.infer([p.image for p in batch], [p.request_id for p in batch])
         if len(logits) != len(batch):
             raise BackendError(f"{self.backend.name} returned {len(logits)} answers for {len(batch)} requests")
         return logits

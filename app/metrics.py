@@ -46,10 +46,14 @@ CANARY_PERCENT = Gauge(
 CIRCUIT_OPEN = Gauge(
     "shim_circuit_open", "1 while the circuit breaker keeps requests away from the backend",
     ["backend"], multiprocess_mode="liveall")
+TRANSPORT = Gauge(
+    "shim_transport", "1 for the transport a worker sends to Triton with (SHIM_TRANSPORT, as settled)",
+    ["transport"], multiprocess_mode="liveall")
 INFLIGHT = Gauge(
     "shim_inflight_requests", "POST /predict requests being handled now", multiprocess_mode="livesum")
 
 
+TRANSPORTS = ("http", "shm", "uint8", "uint8-shm")
 FALLBACK_REASONS = ("backend_unavailable", "backend_timeout", "backend_error", "circuit_open")
 SHADOW_RESULTS = ("match", "mismatch", "error", "skipped")
 
@@ -64,6 +68,11 @@ def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
         CIRCUIT_OPEN.labels(backend).set(0)
         for code in ("backend_unavailable", "backend_timeout", "backend_error"):
             BACKEND_ERRORS.labels(backend, code)
+
+
+def publish_transport(transport: str) -> None:
+    for name in TRANSPORTS:
+        TRANSPORT.labels(name).set(1 if name == transport else 0)
 
 
 def exposition() -> bytes:

@@ -80,8 +80,8 @@ def resized_size(width: int, height: int, short_side: int) -> tuple[int, int]:
     return int(short_side * width / height), short_side
 
 
-def to_tensor(image: Image.Image, spec: ImageSpec) -> npt.NDArray[np.float32]:
-    """RGB image -> float32 array of spec.shape, equal to the torchvision pipeline's output."""
+def crop(image: Image.Image, spec: ImageSpec) -> npt.NDArray[np.uint8]:
+    """RGB image -> the uint8 HWC pixels that torchvision's Resize + CenterCrop keep: [crop, crop, 3]."""
     width, height = image.size
     new_w, new_h = resized_size(width, height, spec.resize)
     if new_w * new_h > spec.max_pixels:
@@ -90,8 +90,38 @@ def to_tensor(image: Image.Image, spec: ImageSpec) -> npt.NDArray[np.float32]:
         image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
     top = round((new_h - spec.crop) / 2.0)
     left = round((new_w - spec.crop) / 2.0)
-    pixels = np.asarray(image)[top:top + spec.crop, left:left + spec.crop]
-    out = np.empty(spec.shape, dtype=np.float32)
+    return np.asarray(image.crop((left, top, left + spec.crop, top + spec.crop)))  # copies only the crop
+
+
+def normalize(pixels: npt.NDArray[np.uint8], spec: ImageSpec) -> npt.NDArray[np.float32]:
+    """uint8 HWC pixels -> float32 CHW, as ToTensor + Normalize compute it (a table lookup per channel)."""
+    out = np.empty((3, *pixels.shape[:2]), dtype=np.float32)
     for channel in range(3):
         np.take(spec.table[channel], pixels[:, :, channel], out=out[channel])
     return out
+
+
+def to_tensor(image: Image.Image, spec: ImageSpec) -> npt.NDArray[np.float32]:
+    """RGB image -> float32 array of spec.shape, equal to the torchvision pipeline's output."""
+    return normalize(crop(image, spec), spec)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One image as the backends take it: its cropped pixels, and their FP32 tensor when made already.
+
+    A backend that takes pixels (the uint8 transport) gets `pixels`; the others get `fp32()`, made in the
+    request thread when the decided backend wants it, else on demand (a fallback, a shadow call).
+    """
+
+    pixels: npt.NDArray[np.uint8]
+    spec: ImageSpec
+    tensor: npt.NDArray[np.float32] | None = None
+
+    def fp32(self) -> npt.NDArray[np.float32]:
+        return self.tensor if self.tensor is not None else normalize(self.pixels, self.spec)
+
+
+def prepare(image: Image.Image, spec: ImageSpec, *, fp32: bool) -> Prepared:
+    pixels = crop(image, spec)
+    return Prepared(pixels, spec, normalize(pixels, spec) if fp32 else None)

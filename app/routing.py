@@ -25,6 +25,7 @@ from app.backends.base import Backend, Readiness
 from app.batching import Batcher
 from app.breaker import CircuitBreaker
 from app.errors import BackendError, CircuitOpen
+from app.preprocess import Prepared
 from app.rollback import AutoRollback
 from app.settings import Mode
 from app.shadow import ShadowRunner
@@ -64,6 +65,7 @@ class ReadinessReport:
     ready: bool
     mode: Mode
     backends: dict[str, Readiness]
+    transport: str | None  # how this worker sends to Triton, when the mode uses it
 
 
 class Router:
@@ -98,21 +100,25 @@ class Router:
             self._legacy().start()  # a switch to a mode that needs it: load it now, once
         return decision
 
-    def infer(self, tensor: npt.NDArray[np.float32], ctx: RequestContext, decision: Decision) -> Routed:
+    def input_kind(self, decision: Decision) -> str:
+        """What the backend asked first takes: a request thread prepares exactly that."""
+        return self._batchers[decision.backend].backend.input_kind
+
+    def infer(self, image: Prepared, ctx: RequestContext, decision: Decision) -> Routed:
         """Logits from the decided backend, or from legacy when Triton fails and fallback is on."""
         if decision.backend == LEGACY:
-            logits = self._batchers[LEGACY].submit(tensor, ctx.request_id, timeout_s=self._timeout_s)
+            logits = self._batchers[LEGACY].submit(image, ctx.request_id, timeout_s=self._timeout_s)
             if decision.shadow:
-                self._shadow.offer(tensor, logits, ctx.request_id)
+                self._shadow.offer(image, logits, ctx.request_id)
             return Routed(logits, LEGACY)
         try:
-            return Routed(self._triton(tensor, ctx, decision), TRITON)
+            return Routed(self._triton(image, ctx, decision), TRITON)
         except BackendError as e:
             if not decision.fallback:
                 raise
             reason = "circuit_open" if isinstance(e, CircuitOpen) else e.code
             metrics.FALLBACKS.labels(reason).inc()
-            logits = self._batchers[LEGACY].submit(tensor, ctx.request_id, timeout_s=self._timeout_s)
+            logits = self._batchers[LEGACY].submit(image, ctx.request_id, timeout_s=self._timeout_s)
             return Routed(logits, LEGACY, fallback_reason=reason)
 
     def readiness(self) -> ReadinessReport:
@@ -127,9 +133,11 @@ class Router:
         if state.mode in MODES_USING_LEGACY or self.fallback:
             self._legacy().start()
             states[LEGACY] = self._legacy().ready()
+        transport = None
         if state.mode is not Mode.LEGACY:
             states[TRITON] = self._triton_readiness()
-        return ReadinessReport(self._ready(state, states), state.mode, states)
+            transport = getattr(self._batchers[TRITON].backend, "transport", None)
+        return ReadinessReport(self._ready(state, states), state.mode, states, transport)
 
     def close(self) -> None:
         self._shadow.close()
@@ -152,14 +160,13 @@ class Router:
             self.breaker.probe_now()  # Triton answers again: an open circuit lets the next request probe it
         return backend_state
 
-    def _triton(self, tensor: npt.NDArray[np.float32], ctx: RequestContext,
-                decision: Decision) -> npt.NDArray[np.float32]:
+    def _triton(self, image: Prepared, ctx: RequestContext, decision: Decision) -> npt.NDArray[np.float32]:
         if not self.breaker.allow():
             self._record_triton(ok=False, decision=decision)  # refused is failed, for the clients it hits
             raise CircuitOpen(f"Triton is failing: its circuit is open; next probe in "
                               f"{self.breaker.retry_in_s():.0f} s", backend=TRITON)
         try:
-            logits = self._batchers[TRITON].submit(tensor, ctx.request_id, timeout_s=self._timeout_s)
+            logits = self._batchers[TRITON].submit(image, ctx.request_id, timeout_s=self._timeout_s)
         except BackendError:
             self.breaker.record_failure()
             self._record_triton(ok=False, decision=decision)

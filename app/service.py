@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app import metrics, preprocess
+from app.backends.base import FP32
 from app.batching import Upstream
 from app.contract import Prediction
 from app.routing import RequestContext, Router
@@ -62,9 +63,10 @@ class PredictService:
             decision = self._router.decide(ctx)
             stage = _Stages(decision.backend)
             image = stage("decode", lambda: preprocess.decode(data, self._spec))
-            tensor = stage("preprocess", lambda: preprocess.to_tensor(image, self._spec))
+            fp32 = self._router.input_kind(decision) == FP32  # else the backend normalises the pixels itself
+            prepared = stage("preprocess", lambda: preprocess.prepare(image, self._spec, fp32=fp32))
             arrived()
-        routed = self._router.infer(tensor, ctx, decision)  # queue and infer are timed by the batcher
+        routed = self._router.infer(prepared, ctx, decision)  # queue and infer are timed by the batcher
         predictions = stage("postprocess", lambda: top_k(routed.logits, self._labels, self._k))
         return Answer(self.model_name, predictions, routed.backend, routed.fallback_reason)
 

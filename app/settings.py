@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from app.errors import SettingsError
 __all__ = ["Mode", "Settings", "SettingsError"]
 T = TypeVar("T")
 PREFIX = "SHIM_"
+TRANSPORTS = ("auto", "http", "shm", "uint8", "uint8-shm")  # app/backends/triton.py says what each does
 
 
 class Mode(enum.StrEnum):
@@ -37,6 +39,9 @@ class Settings:
     model_name: str = "resnet50"
     model_version: str = ""  # "" = the version Triton's policy serves (the newest, by default)
     triton_connect_timeout_s: float = 1.0
+    transport: str = "auto"  # auto | http | shm | uint8 | uint8-shm: how batches travel to Triton
+    uint8_model: str = ""  # the ensemble that takes pixels (uint8 transports); "" = <model_name>_uint8
+    shm_mode: str = "0600"  # file mode of the shared memory regions; 0666 when Triton runs as another user
     triton_timeout_s: float = 10.0  # the longest a request waits for its answer (batch queue + Triton), 504 beyond
     readiness_timeout_s: float = 1.0  # /readyz answers within about this, 503 when Triton does not
     # Batching inside one worker
@@ -83,6 +88,9 @@ class Settings:
         _check(bool(host) and port.isdigit() and "/" not in host, "triton_url", self.triton_url,
                "host:port, e.g. 127.0.0.1:8000 or triton:8000")
         _check(bool(self.model_name), "model_name", self.model_name, "a model name")
+        _check(self.transport in TRANSPORTS, "transport", self.transport, " | ".join(TRANSPORTS))
+        _check(re.fullmatch(r"0?[0-7]{3}", self.shm_mode) is not None, "shm_mode", self.shm_mode,
+               "an octal file mode such as 0600 or 0666")
         _check(self.model_version == "" or self.model_version.isdigit(), "model_version", self.model_version,
                "empty (the served version) or a version number")
         for name in ("triton_connect_timeout_s", "triton_timeout_s", "readiness_timeout_s", "max_upload_mb"):
@@ -109,6 +117,10 @@ class Settings:
     @property
     def triton_host_port(self) -> str:
         return self.triton_url.removeprefix("http://").rstrip("/")
+
+    @property
+    def shm_mode_bits(self) -> int:
+        return int(self.shm_mode, 8)
 
     @property
     def max_upload_bytes(self) -> int:

@@ -22,6 +22,7 @@ from app import metrics
 from app.batching import Batcher
 from app.breaker import CircuitBreaker
 from app.errors import ShimError
+from app.preprocess import Prepared
 from app.scores import best, softmax
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class ShadowRunner:
         self._pid = 0
         self._lock = threading.Lock()
 
-    def offer(self, tensor: npt.NDArray[np.float32], legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
+    def offer(self, image: Prepared, legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
         """Shadow this request if a slot is free and the circuit allows; never blocks."""
         if not self._slots.acquire(blocking=False):
             metrics.SHADOW_COMPARISONS.labels("skipped").inc()
@@ -70,7 +71,7 @@ class ShadowRunner:
             self._slots.release()
             metrics.SHADOW_COMPARISONS.labels("skipped").inc()
             return
-        self._executor().submit(self._run, tensor, legacy_logits, request_id)
+        self._executor().submit(self._run, image, legacy_logits, request_id)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -83,9 +84,9 @@ class ShadowRunner:
                 self._pid = os.getpid()
             return self._pool
 
-    def _run(self, tensor: npt.NDArray[np.float32], legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
+    def _run(self, image: Prepared, legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
         try:
-            candidate = self._batcher.submit(tensor, f"{request_id}-shadow", timeout_s=self._timeout_s)
+            candidate = self._batcher.submit(image, f"{request_id}-shadow", timeout_s=self._timeout_s)
         except ShimError as e:
             self._breaker.record_failure()
             metrics.SHADOW_COMPARISONS.labels("error").inc()

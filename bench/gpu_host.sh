@@ -13,7 +13,17 @@
 #                   so it is not the article's GPU Flask app: pass LEGACY_URL=http://host:port to measure yours
 # (2) needs a Triton serving the model without dynamic batching and is skipped: the compose Triton serves its
 # own config. Extra arguments go to `python -m bench` (see `python -m bench --help`).
-# Results: bench/out/<time>-<arch>/results.{md,json,png}. Needs Python 3.11 and make on the host.
+#
+# Then the front-end rows (`python -m bench --frontend`, FRONTEND=0 skips them): they do not use the compose
+# stack. They start their own servers on this host, on free loopback ports: a local Triton from the
+# nvidia-pytriton wheel serving a near-free numpy stand-in of resnet50 (written into the run's folder), the
+# shim (its default workers and threads) once per transport, and the legacy app (gunicorn 2 x 8) with a near-free
+# TorchScript model, plus the decode + preprocess floor; so they measure this host's CPU cost per image, the
+# part that decides how many images reach a GPU. Stop the compose stack first for a quiet host
+# (`docker compose stop`), or read them as measured beside it. FRONTEND_ARGS go to that run
+# (e.g. FRONTEND_ARGS="--profile --duration 30").
+# Results: bench/out/<time>-<arch>/ and bench/out/<time>-frontend/, results.{md,json}. Needs Python 3.11 and
+# make on the host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +31,8 @@ TRITON_URL="${TRITON_URL:-localhost:8000}"
 SHIM_URL="${SHIM_URL:-http://localhost:5000}"
 TRITON_METRICS_URL="${TRITON_METRICS_URL:-http://${TRITON_URL%:*}:8002/metrics}"
 LEGACY_URL="${LEGACY_URL:-}"
+FRONTEND="${FRONTEND:-1}"
+read -r -a frontend_args <<< "${FRONTEND_ARGS:-}"
 
 make install  # the virtualenv with torch (legacy app, model export), tritonclient, tqdm, matplotlib
 
@@ -44,4 +56,9 @@ args=(--triton-url "$TRITON_URL" --triton-metrics-url "$TRITON_METRICS_URL" --sh
 if [[ -n "$LEGACY_URL" ]]; then
   args+=(--legacy-url "$LEGACY_URL")
 fi
-exec .venv/bin/python -m bench "${args[@]}" "$@"
+status=0
+.venv/bin/python -m bench "${args[@]}" "$@" || status=$?
+if [[ "$FRONTEND" != 0 ]]; then
+  .venv/bin/python -m bench --frontend "${frontend_args[@]}" || status=$?
+fi
+exit "$status"

@@ -45,6 +45,9 @@ class Job:
     timeout_s: float = 60.0
     first_client: int = 0  # index of this process's first client, when several processes share a run
     start_at: float | None = None  # time.monotonic() (one clock for every process) at which the warm-up starts
+    # Process trees whose CPU time this process reads from /proc when the window opens and closes:
+    # ((group name, (root pid, ...)), ...); see bench/cpu.py. Only one of several processes gets it.
+    watch: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Outcome:
     window_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time during the measured window
     unfinished: int = 0  # requests still open when the run gave up waiting for them
+    cpu_window: dict[str, dict[str, float]] | None = None  # Job.watch's groups: CPU over the window (bench/cpu.py)
 
 
 def multipart_request(host: str, port: int, path: str, field_name: str, filename: str, content_type: str,
@@ -181,12 +185,21 @@ async def run_job(job: Job, progress: Any | None = None) -> Outcome:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
+    watch = dict(job.watch)
+    snapshots: list[Any] = []
+    if watch:
+        from bench import cpu  # the standard library only, like this module
+
     async def clock() -> None:
         await asyncio.sleep(max(0.0, window_start - time.monotonic()))
+        if watch:
+            snapshots.append(cpu.snapshot(watch))
         marks["cpu0"] = time.process_time()
         set_progress(PHASE, MEASURE)
         await asyncio.sleep(max(0.0, window_end - time.monotonic()))
         marks["cpu1"] = time.process_time()
+        if watch:
+            snapshots.append(cpu.snapshot(watch))
         set_progress(PHASE, DRAIN)
 
     await asyncio.sleep(max(0.0, loop_start - time.monotonic()))
@@ -198,6 +211,8 @@ async def run_job(job: Job, progress: Any | None = None) -> Outcome:
     out.unfinished = len(pending)
     out.window_s = job.duration_s
     out.cpu_s = marks["cpu1"] - marks["cpu0"]
+    if watch:
+        out.cpu_window = cpu.window_seconds(*snapshots)
     set_progress(PHASE, IDLE)
     return out
 
@@ -235,7 +250,8 @@ class LoadGenerator:
         counts = [job.concurrency // self.processes + (i < job.concurrency % self.processes)
                   for i in range(self.processes)]
         firsts = [sum(counts[:i]) for i in range(self.processes)]
-        return [dataclasses.replace(job, concurrency=n, first_client=first, start_at=start_at)
+        return [dataclasses.replace(job, concurrency=n, first_client=first, start_at=start_at,
+                                    watch=job.watch if first == 0 else ())
                 for n, first in zip(counts, firsts, strict=True)]
 
     def run(self, job: Job, on_tick: Callable[[float, int, int], None] | None = None,
@@ -270,7 +286,13 @@ class LoadGenerator:
             merged.errors += answer.errors
             merged.cpu_s += answer.cpu_s
             merged.unfinished += answer.unfinished
+            merged.cpu_window = merged.cpu_window or answer.cpu_window
         return merged
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """The load-generating processes (for their CPU time over a window)."""
+        return tuple(process.pid for process, _, _ in self._children if process.pid is not None)
 
     def _counts(self) -> tuple[int, int]:
         return (int(sum(p[DONE] for _, _, p in self._children)), int(sum(p[ERRORS] for _, _, p in self._children)))

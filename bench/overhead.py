@@ -8,7 +8,7 @@
    with a ready-made tensor, interleaved request by request against the same Triton.
 3. Throughput at N clients: the shim against direct tritonclient, alternating runs, same Triton.
 
-It starts its own Triton (the wheel's, on free ports) and its own shim (gunicorn, 2 workers x 8 threads)
+It starts its own Triton (the wheel's, on free ports) and its own shim (gunicorn, its default workers and threads)
 on triton_repo/ as `make export` left it. Numbers are medians; read the ratios, not the absolutes.
 """
 
@@ -164,7 +164,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="shim-bench-"))
     triton = stack.start_triton(args.repo, work / "triton")
-    shim = launch.start_shim(work, {"SHIM_TRITON_URL": triton.http_url, "SHIM_WORKERS": "2", "SHIM_THREADS": "8",
+    shim = launch.start_shim(work, {"SHIM_TRITON_URL": triton.http_url,
                                     "SHIM_LOG_LEVEL": "WARNING",
                                     "SHIM_LABELS_PATH": str(args.repo / "resnet50" / "labels.txt")})
     try:

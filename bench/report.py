@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -218,3 +219,207 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# -- the front-end benchmark (python -m bench --frontend) -----------------------------------------------------
+
+FRONT_KINDS = ("floor", "legacy", "shim", "direct", "profiled")
+# The issue's targets, measured side by side in one run: (name, what, comparison, bound).
+TARGETS = (
+    ("shim_vs_floor_qps", "shim throughput / floor throughput", ">=", 0.8),
+    ("shim_vs_legacy_qps", "shim throughput / legacy front throughput", ">=", 1.5),
+    ("shim_vs_floor_cpu", "shim CPU per image / floor CPU per image", "<=", 1.25),
+)
+
+
+def cpu_columns(window: dict[str, dict[str, float]], images: int) -> dict[str, Any]:
+    """CPU over the window per process group (bench/cpu.py), the same in milliseconds per good answer, and
+    the machine as a whole: how idle it was, and the busy CPU that none of the groups explains ("other":
+    the benchmark's orchestrator, and whatever else ran on the machine)."""
+    groups = {g: w for g, w in window.items() if g != "machine"}
+    out: dict[str, Any] = {"cpu": window,
+                           "cpu_ms_per_image": {g: (1000 * w["cpu_s"] / images if images else None)
+                                                for g, w in groups.items()}}
+    spent = sum(v for v in out["cpu_ms_per_image"].values() if v)
+    # What the row's own processes would serve alone on this machine's cores if they keep them busy (closed loop,
+    # enough clients): the throughput to compare when other work shared the machine during the window.
+    out["cpu_bound_qps"] = len(os.sched_getaffinity(0)) * 1000 / spent if spent else None
+    machine = window.get("machine")
+    if machine:
+        busy, idle = machine["cpu_s"], machine["idle_s"]
+        other = max(0.0, busy - sum(w["cpu_s"] for w in groups.values()))
+        out["machine"] = {"busy_s": busy, "idle_s": idle, "other_s": other,
+                          "idle_pct": 100 * idle / (busy + idle) if busy + idle else None,
+                          "other_cpu_ms_per_image": 1000 * other / images if images else None}
+    return out
+
+
+def front_ordered(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: (r["concurrency"], FRONT_KINDS.index(r["kind"])))
+
+
+def _ratio(row: dict[str, Any], base: dict[str, Any] | None, key: str) -> float | None:
+    return row[key] / base[key] if base and base.get(key) and row.get(key) is not None else None
+
+
+def front_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency: every shim row against the floor and the legacy front, the best one named.
+
+    The floor has no clients (N processes); its one row is compared with every concurrency.
+    """
+    floor = next((r for r in rows if r["kind"] == "floor"), None)
+    out = []
+    for c in sorted({r["concurrency"] for r in rows if r["kind"] == "shim"}):
+        legacy = next((r for r in rows if r["kind"] == "legacy" and r["concurrency"] == c), None)
+        per_transport = []
+        for s in (r for r in rows if r["kind"] == "shim" and r["concurrency"] == c):
+            shim_cpu = s["cpu_ms_per_image"].get("shim")
+            floor_cpu = floor["cpu_ms_per_image"].get("floor") if floor else None
+            per_transport.append({
+                "transport": s["transport"], "reported": s.get("transport_reported"), "qps": s["qps"],
+                "shim_vs_floor_qps": _ratio(s, floor, "qps"),
+                "shim_vs_legacy_qps": _ratio(s, legacy, "qps"),
+                "shim_vs_floor_cpu": shim_cpu / floor_cpu if shim_cpu and floor_cpu else None,
+                "cpu_bound": {"shim_vs_floor_qps": _ratio(s, floor, "cpu_bound_qps"),
+                              "shim_vs_legacy_qps": _ratio(s, legacy, "cpu_bound_qps")},
+            })
+        best = max(per_transport, key=lambda t: t["qps"], default=None)
+        checks = []
+        for key, what, op, bound in TARGETS:
+            value = best[key] if best else None
+            met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+            checks.append({"target": key, "what": what, "op": op, "bound": bound, "value": value, "met": met})
+        out.append({"concurrency": c, "best_transport": best["transport"] if best else None,
+                    "transports": per_transport, "checks": checks})
+    return out
+
+
+def check_lines(ratios_: Sequence[dict[str, Any]]) -> list[str]:
+    """The targets as PASS / NOT MET lines with the measured ratios, the best transport first, then each one."""
+    lines = []
+    for level in ratios_:
+        lines.append(f"c={level['concurrency']}, best transport {level['best_transport']} (by throughput):")
+        best = next((t for t in level["transports"] if t["transport"] == level["best_transport"]), None)
+        for chk in level["checks"]:
+            verdict = "n/a" if chk["met"] is None else "PASS" if chk["met"] else "NOT MET"
+            estimate = (best or {}).get("cpu_bound", {}).get(chk["target"])
+            lines.append(f"  {verdict:<7} {chk['what']} = {_f(chk['value'], 2)} (target {chk['op']} {chk['bound']:g})"
+                         + (f"; CPU-bound estimate {_f(estimate, 2)}" if estimate is not None else ""))
+        for t in level["transports"]:
+            lines.append(f"  transport {t['transport']} (shim reports: {t['reported']}): "
+                         + ", ".join(f"{key.removeprefix('shim_vs_').replace('_', ' ')} {_f(t[key], 2)}"
+                                     for key, *_ in TARGETS))
+    return lines
+
+
+def _ms(row: dict[str, Any], group: str) -> str:
+    return _f((row.get("cpu_ms_per_image") or {}).get(group), 2)
+
+
+FRONT_GROUP = {"floor": "floor", "legacy": "legacy", "shim": "shim", "profiled": "shim", "direct": None}
+
+
+def front_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    floor = next((r for r in rows if r["kind"] == "floor"), None)
+    lines = [_row(["row", "transport", "clients", "images/s", "p50 ms", "p99 ms", "front CPU ms/img",
+                   "Triton CPU ms/img", "loadgen CPU ms/img", "other CPU ms/img", "idle %", "x floor",
+                   "x legacy front", "CPU-bound images/s", "errors"]),
+             _row(["---", "---", *["--:"] * 13])]
+    for r in front_ordered(rows):
+        legacy = next((x for x in rows if x["kind"] == "legacy" and x["concurrency"] == r["concurrency"]), None)
+        group = FRONT_GROUP[r["kind"]]
+        transport = r.get("transport") or "-"
+        if r["kind"] == "shim" and r.get("transport_reported") not in (None, r.get("transport")):
+            transport += f" (shim reports {r.get('transport_reported')})"
+        lines.append(_row([
+            r["label"], transport, r["concurrency"] if r["kind"] != "floor" else f"{r['processes']} processes",
+            _f(r["qps"]), _f(r["p50_ms"]), _f(r["p99_ms"]), _ms(r, group) if group else "-", _ms(r, "triton"),
+            _ms(r, "loadgen"), _f((r.get("machine") or {}).get("other_cpu_ms_per_image"), 2),
+            _f((r.get("machine") or {}).get("idle_pct"), 0),
+            _f(r["qps"] / floor["qps"], 2) if floor and floor["qps"] else "-",
+            _f(r["qps"] / legacy["qps"], 2) if legacy and legacy["qps"] else "-", _f(r.get("cpu_bound_qps"), 0),
+            r["errors"]]))
+    return lines
+
+
+def profile_lines(profile: dict[str, Any] | None) -> list[str]:
+    if not profile:
+        return []
+    if profile.get("error"):
+        return ["## Profile of one shim worker", "", f"py-spy failed: {profile['error']}", ""]
+    t, g = profile["working"]["top"], profile["gil"]
+    samples = t["working_samples"] + t["waiting_samples"]
+    waiting = ", ".join(f"{w['function']} {100 * w['samples'] / samples:.0f} %" for w in t["waiting_in"])
+    lines = ["## Profile of one shim worker",
+             "",
+             f"py-spy on worker PID {profile['pid']} of the shim with transport `{profile['transport']}` "
+             f"({profile['shim_workers']} workers x {profile['shim_threads']} threads, "
+             f"{profile['concurrency']} clients) over "
+             f"the {profile['seconds']:g} s measured window of one more run, at {profile['rate']} Hz "
+             f"({_f(profile.get('qps'))} images/s while profiled: py-spy pauses the worker for each sample).",
+             "",
+             f"Working threads: {samples} thread samples that py-spy did not see as idle; {t['waiting_samples']} of "
+             f"them ({_f(100 * t['waiting_samples'] / samples if samples else None, 0)} %) were a thread blocked "
+             f"in a call (a queue, a lock, select: {waiting or 'none'}) and are left out. The shares are of the "
+             f"other {t['working_samples']}: own = the function's own code and the C calls it made (Pillow's "
+             "decoder, numpy; a thread that waits to take the GIL back after such a call counts there too), "
+             "total = anywhere on the stack.",
+             ""]
+    for key, title in (("by_own", "by own time"), ("by_total", "by total time")):
+        lines += [f"Top {len(t[key])} {title}:", "", _row(["function", "own %", "total %"]),
+                  _row(["---", "--:", "--:"])]
+        lines += [_row([e["function"], _f(e["own_pct"]), _f(e["total_pct"])]) for e in t[key]]
+        lines.append("")
+    lines += [f"The GIL holder (`py-spy --gil`, at the same time): the GIL was held "
+              f"{_f(g['held_pct'], 0)} % of the window ({g['samples']} samples); what held it, by own time:", "",
+              _row(["function", "own %", "total %"]), _row(["---", "--:", "--:"])]
+    lines += [_row([e["function"], _f(e["own_pct"]), _f(e["total_pct"])]) for e in g["top"]["by_own"]]
+    lines.append("")
+    return lines
+
+
+def front_markdown(report: dict[str, Any]) -> str:
+    rows, m, s = report["results"], report["machine"], report["settings"]
+    gpus = ", ".join(g["name"] for g in m["gpus"]) or "none"
+    lines = [
+        "# Front-end benchmark: the shim's CPU per image against the decode + preprocess floor",
+        "",
+        f"`{report['command']}`, {report['started']}, {report['elapsed_s']:.0f} s.",
+        "",
+        f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB, GPU: {gpus}; "
+        f"Python {m['python']}, tritonclient {m['packages'].get('tritonclient')}"
+        + (f", Triton server {m['triton_server']['version']}" if m.get("triton_server") else "")
+        + f"; load average (1 min) {m['load_average'][0]} at start, {m['load_average_end'][0]} at the end; "
+        f"git {m['git']}.",
+        "",
+        f"Closed loop, {s['warmup_s']:g} s warm-up (discarded) then {s['duration_s']:g} s measured per row; "
+        f"each client uploads one of {s['images']} different {s['image_size']} JPEGs. The model is "
+        f"{report['model']['description']}. CPU columns: milliseconds of CPU (user + system) per good answer, "
+        "over the measured window, of whole process trees read from /proc: `front` is the shim's gunicorn "
+        "master and workers (the legacy app's for the legacy row, the floor's processes for the floor), "
+        "`Triton` tritonserver and its python-backend stubs, `loadgen` the load generator, `other` the busy CPU "
+        "of the machine (/proc/stat) that none of those explains: the benchmark's orchestrator, and anything "
+        "else running on the machine; `idle %` the share of all cores' time left idle. A row whose `other` is "
+        "more than a few tenths of a ms shared the machine with other work: compare it with care. `CPU-bound "
+        "images/s` = cores x 1000 / (the row's front + Triton + loadgen CPU ms per image): what the row's own "
+        "processes would serve if they had the machine to themselves and kept it busy, the number to compare "
+        "when other work took CPU during a window (it is not a measurement, and it overstates a row that "
+        "leaves cores idle when alone).",
+        "",
+        "## Rows",
+        "",
+        *front_table(rows),
+        "",
+        *[f"- {c['label']}: {c['description']}" for c in report["configurations"]],
+        "",
+        "## Targets",
+        "",
+        "```",
+        *check_lines(report["ratios"]),
+        "```",
+        "",
+        *profile_lines(report.get("profile")),
+    ]
+    if report.get("notes"):
+        lines += ["## Notes", "", *[f"- {n}" for n in report["notes"]], ""]
+    return "\n".join(lines)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import dataclasses
 import datetime
 import json
 import os
@@ -39,15 +40,30 @@ from typing import Any
 
 from bench import stack
 from bench.loadgen import Job, LoadGenerator, Outcome, StubServer, multipart_request, post_request
-from bench.report import NUMBER, ORDER, SEED_ROWS, markdown, plot, ratios, summarize
+from bench.report import NUMBER, ORDER, SEED_ROWS, cpu_columns, markdown, plot, ratios, summarize
 
 ROOT = stack.ROOT
 CONFIGS = ORDER
+
+
+def shim_transports() -> tuple[str, ...]:
+    """The shim's SHIM_TRANSPORT values, one front-end row each: its own list (app.settings.TRANSPORTS) less
+    "auto", which settles on one of the others; the issue's three for a shim from before the setting."""
+    from app import settings
+
+    names = getattr(settings, "TRANSPORTS", None)
+    return tuple(t for t in names if t != "auto") if names else ("http", "shm", "uint8")
+
+
+TRANSPORTS = shim_transports()
 DEFAULTS = {"arch": "resnet50", "duration": 20.0, "warmup": 5.0, "concurrency": "1,4,16,32"}
 QUICK = {"arch": "resnet18", "duration": 3.0, "warmup": 1.0, "concurrency": "1,8"}
+FRONT_DEFAULTS = {"duration": 20.0, "warmup": 5.0, "concurrency": "16"}  # --frontend
+FRONT_QUICK = {"duration": 1.5, "warmup": 0.5, "concurrency": "16"}  # --frontend --quick
 IMAGES = 16
 IMAGE_SIZE = (640, 480)
 CEILING_S = 2.0
+QUICK_CEILING_S = 1.0  # --quick: the ceiling only has to show that the load generator is not the bottleneck
 STARTUP_ALLOWANCE_S = 60  # exports, Triton and gunicorn starts and stops, on this kind of machine
 
 
@@ -70,22 +86,63 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                       "needs --triton-url, the Triton it forwards to")
     p.add_argument("--legacy-url", help="an already-running legacy app to measure as (1) instead of starting one")
     p.add_argument("--model-name", default="resnet50", help="the Triton model (default resnet50)")
-    p.add_argument("--legacy-threads", type=int, default=4, help="gunicorn threads of the legacy app (default 4)")
+    p.add_argument("--legacy-threads", type=int,
+                   help="gunicorn threads of the legacy app (default 4; --frontend: 8 per worker)")
+    p.add_argument("--shim-workers", type=int,
+                   help=f"the shim's gunicorn workers (default: the shim's own, {stack.shim_default('workers')})")
+    p.add_argument("--shim-threads", type=int,
+                   help=f"threads per shim worker (default: the shim's own, {stack.shim_default('threads')})")
     p.add_argument("--loadgen-processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                    help="load generator processes sharing the clients (default: cores / 4, from 1 to 4)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
-    p.add_argument("--out", type=Path, help="output folder (default bench/out/<time>-<arch>)")
+    p.add_argument("--out", type=Path, help="output folder (default bench/out/<time>-<arch>, --frontend: "
+                                            "bench/out/<time>-frontend)")
+    front = p.add_argument_group("front-end mode (bench/frontend.py)")
+    front.add_argument("--both", action="store_true",
+                       help="the Flask-vs-Triton configurations, then the front-end rows, in one process (into "
+                            "<out>/ and <out>/frontend/); --warmup, --duration and --concurrency, when given, "
+                            "apply to both, otherwise each its own (what the test suite runs, with --quick)")
+    front.add_argument("--frontend", action="store_true",
+                       help="the shim's CPU per image with a near-free model: the decode + preprocess floor, the "
+                            "legacy front, the shim per transport, direct; clients 16, 5 s + 20 s per row "
+                            "(--quick: 0.5 s + 1.5 s)")
+    front.add_argument("--transports", default=",".join(TRANSPORTS),
+                       help=f"the shim's SHIM_TRANSPORT values, one row each (default {','.join(TRANSPORTS)})")
+    front.add_argument("--profile", action="store_true",
+                       help="then py-spy on one shim worker of the best transport over one more window (needs py-spy)")
+    front.add_argument("--floor-processes", type=int, help="processes of the floor row (default: usable cores)")
+    front.add_argument("--legacy-workers", type=int, default=2, help="the legacy front's gunicorn workers (default 2)")
     args = p.parse_args(argv)
-    preset = QUICK if args.quick else DEFAULTS
+    args.shim_workers = args.shim_workers or stack.shim_default("workers")
+    args.shim_threads = args.shim_threads or stack.shim_default("threads")
+    if args.frontend and args.both:
+        p.error("--both already runs the front-end rows: drop --frontend")
+    if args.frontend:
+        for flag in ("configs", "triton_url", "shim_url", "legacy_url", "model_pt", "triton_metrics_url"):
+            if getattr(args, flag) not in (None, p.get_default(flag)):
+                p.error(f"--{flag.replace('_', '-')} belongs to the Flask-vs-Triton benchmark, not --frontend "
+                        "(which starts its own near-free Triton, shim and legacy front)")
+        args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+        if not args.transports or len(set(args.transports)) < len(args.transports):
+            p.error(f"--transports {','.join(args.transports)!r}: expected distinct names, e.g. {','.join(TRANSPORTS)}")
+        for name in ("floor_processes", "shim_workers", "shim_threads", "legacy_workers"):
+            if getattr(args, name) is not None and not 1 <= getattr(args, name) <= 256:
+                p.error(f"--{name.replace('_', '-')} must be from 1 to 256")
+    elif not args.both and (args.profile or args.transports != p.get_default("transports")):
+        p.error("--profile and --transports need --frontend or --both")
+    if isinstance(args.transports, str):
+        args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    args.explicit = {k for k in ("duration", "warmup", "concurrency", "legacy_threads") if getattr(args, k) is not None}
+    if args.legacy_threads is None:
+        args.legacy_threads = 8 if args.frontend else 4
+    preset = (FRONT_QUICK if args.quick else FRONT_DEFAULTS) if args.frontend else QUICK if args.quick else DEFAULTS
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     try:
-        args.levels = sorted({int(c) for c in str(args.concurrency).split(",") if c.strip()})
-    except ValueError:
-        p.error(f"--concurrency {args.concurrency!r}: expected whole numbers separated by commas")
-    if not args.levels or min(args.levels) < 1 or max(args.levels) > 1024:
-        p.error(f"--concurrency {args.concurrency!r}: expected numbers from 1 to 1024")
+        args.levels = levels(args.concurrency)
+    except ValueError as e:
+        p.error(str(e))
     args.selected = [c.strip() for c in args.configs.split(",") if c.strip()]
     if unknown := set(args.selected) - set(CONFIGS):
         p.error(f"--configs: unknown {', '.join(sorted(unknown))}; choose from {', '.join(CONFIGS)}")
@@ -99,6 +156,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.model_pt is not None and not args.model_pt.is_file():
         p.error(f"--model-pt {args.model_pt} does not exist")
     return args
+
+
+def levels(concurrency: str) -> list[int]:
+    try:
+        out = sorted({int(c) for c in str(concurrency).split(",") if c.strip()})
+    except ValueError:
+        raise ValueError(f"--concurrency {concurrency!r}: expected whole numbers separated by commas") from None
+    if not out or min(out) < 1 or max(out) > 1024:
+        raise ValueError(f"--concurrency {concurrency!r}: expected numbers from 1 to 1024")
+    return out
+
+
+def ceiling_s(args: argparse.Namespace) -> float:
+    return QUICK_CEILING_S if args.quick else CEILING_S
 
 
 def fmt_ms(value: float | None) -> str:
@@ -117,6 +188,9 @@ class Target:
     expect: bytes
     shim_metrics: str | None = None
     triton_metrics: str | None = None
+    # Process trees whose CPU time over the measured window goes into the row (bench/cpu.py): group -> root PIDs
+    watch: dict[str, tuple[int, ...]] | None = None
+    extra: dict[str, Any] | None = None  # more fields for the row (the front-end rows' transport)
 
 
 def describe_triton_config(config: dict[str, Any]) -> str:
@@ -149,9 +223,17 @@ class Run:
         self._csv.writerow(["config", "clients", "phase", "start_s", "latency_ms", "error"])
         self.jpegs = stack.sample_jpegs(IMAGES, *IMAGE_SIZE)
         self.ready_tensors = stack.ready_tensors(self.jpegs)
+        self.stopper = stack.Stopper()  # servers stop in the background; every window waits for them first
 
-    def close(self) -> None:
-        self._csv_file.close()
+    def close(self, settle: bool = True) -> None:
+        """settle=False: servers still stopping go on in the background (the next part of --both waits)."""
+        try:
+            if settle:
+                self.stopper.settle()
+        except Exception as e:  # the run's own error, if any, is the one to see
+            print(f"bench: stopping a server failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        finally:
+            self._csv_file.close()
 
     # -- requests ------------------------------------------------------------------------------------------------
 
@@ -234,16 +316,23 @@ class Run:
                 print(f"  !! {target.label} c={concurrency}: {row['errors']} errors in the window "
                       f"({row['error_kinds']}), {row['warmup_errors']} in warm-up; see {self.logs}", flush=True)
 
-    def measure_one(self, target: Target, concurrency: int) -> dict[str, Any]:
-        """One row: warm-up, measured window, and the metrics' deltas over that window."""
+    def measure_one(self, target: Target, concurrency: int,
+                    on_measure: Callable[[], None] | None = None) -> dict[str, Any]:
+        """One row: warm-up, measured window, and the metrics' deltas over that window; on_measure() is
+        called as the window opens (after the metrics are read)."""
         before: dict[str, stack.Samples | None] = {}
 
         def scrape_before() -> None:  # called by drive() when the window opens
             before["shim"] = stack.scrape(target.shim_metrics) if target.shim_metrics else None
             before["triton"] = stack.scrape(target.triton_metrics) if target.triton_metrics else None
+            if on_measure is not None:
+                on_measure()
 
+        self.stopper.settle()
         load_before = os.getloadavg()[0]
         job = self.job(target.url, target.requests, target.expect, concurrency, self.args.warmup, self.args.duration)
+        if target.watch:
+            job = dataclasses.replace(job, watch=tuple(target.watch.items()))
         outcome = self.drive(target.label, job, scrape_before)
         breakdown: dict[str, Any] = {}
         shim_before, triton_before = before.get("shim"), before.get("triton")
@@ -253,9 +342,11 @@ class Run:
         if target.triton_metrics and triton_before is not None:
             after = stack.scrape(target.triton_metrics)
             breakdown["triton"] = stack.triton_breakdown(triton_before, after, self.args.model_name) if after else None
-        row = {"config": target.config, "number": NUMBER[target.config], "label": target.label,
-               "concurrency": concurrency, **summarize(outcome), "breakdown": breakdown,
+        row = {"config": target.config, "number": NUMBER.get(target.config), "label": target.label,
+               "concurrency": concurrency, **(target.extra or {}), **summarize(outcome), "breakdown": breakdown,
                "load_average_before": round(load_before, 2), "load_average_after": round(os.getloadavg()[0], 2)}
+        if target.watch:
+            row.update(cpu_columns(outcome.cpu_window or {}, row["answers"]))
         self.rows.append(row)
         self.record(target.config, concurrency, outcome)
         print(f"  {target.label} c={concurrency}: {row['qps']:.1f} QPS, p50 {fmt_ms(row['p50_ms'])}, "
@@ -278,11 +369,12 @@ class Run:
         if tensors:
             kinds.append(("FP32 tensor", self.infer_requests_for(url, self.ready_tensors), self.args.levels[-1:]))
         rows = []
+        self.stopper.settle()
         for kind, requests, levels in kinds:
             size = sum(len(r) for r in requests) / len(requests) / 1000
             for concurrency in levels:
                 outcome = self.drive(f"load generator -> stub ({kind})",
-                                     self.job(url, requests, b"ok", concurrency, 0.5, CEILING_S))
+                                     self.job(url, requests, b"ok", concurrency, 0.5, ceiling_s(self.args)))
                 rows.append({"request": f"{kind}, {size:.0f} kB", "concurrency": concurrency, **summarize(outcome)})
                 print(f"  load generator -> stub, {kind} c={concurrency}: {rows[-1]['qps']:.0f} req/s, "
                       f"{rows[-1]['errors']} errors", flush=True)
@@ -298,12 +390,16 @@ def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path)
     print(f"starting Triton ({variant.name}: {variant.instances} instances, dynamic batching "
           f"{'on' if variant.dynamic_batching else 'off'}) ...", flush=True)
     triton = stack.start_triton(repo, work / f"triton-{variant.name}")
-    try:
-        yield triton
-    finally:
+
+    def stop() -> None:
         triton.stop()
         with contextlib.suppress(OSError):
             shutil.copy(triton.log_path, run.logs / f"tritonserver-{variant.name}.log")
+
+    try:
+        yield triton
+    finally:
+        run.stopper.later(stop)
 
 
 @contextlib.contextmanager
@@ -311,8 +407,8 @@ def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: st
     from tools import launch
 
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": run.args.model_name,
-           "SHIM_LABELS_PATH": str(labels), "SHIM_LEGACY_MODEL_PATH": str(model_pt), "SHIM_WORKERS": "2",
-           "SHIM_THREADS": "8", **settings}
+           "SHIM_LABELS_PATH": str(labels), "SHIM_LEGACY_MODEL_PATH": str(model_pt),
+           "SHIM_WORKERS": str(run.args.shim_workers), "SHIM_THREADS": str(run.args.shim_threads), **settings}
     shown = ", ".join(f"{k}={v}" for k, v in env.items() if k not in ("SHIM_LABELS_PATH", "SHIM_LEGACY_MODEL_PATH"))
     print(f"starting the shim ({shown}) ...", flush=True)
     served = launch.start_shim(run.logs, env)
@@ -320,7 +416,11 @@ def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: st
         served.wait("/readyz", timeout_s=120)
         yield served.url
     finally:
-        served.stop()
+        run.stopper.later(served.stop)
+
+
+def gunicorn(run: Run) -> str:
+    return f"{run.args.shim_workers} workers x {run.args.shim_threads} threads"
 
 
 def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
@@ -343,7 +443,7 @@ def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
         run.measure(Target("legacy", label, description, url, run.predict_requests(url), b'"predictions"'))
     finally:
         if served is not None:
-            served.stop()
+            run.stopper.later(served.stop)
 
 
 def shim_target(run: Run, config: str, url: str, triton_url: str, triton_metrics: str | None,
@@ -373,7 +473,7 @@ def local_triton_configs(run: Run, work: Path, model_pt: Path, labels: Path) -> 
         with triton_variant(run, work, stack.Variant("instances", 2, dynamic_batching=False), model_pt) as triton, \
                 shim(run, triton.http_url, labels, model_pt, SHIM_MAX_BATCH_SIZE="1") as url:
             run.measure(shim_target(run, "triton-instances", url, triton.http_url, triton.metrics_url,
-                                    "2 workers x 8 threads, its batcher off: SHIM_MAX_BATCH_SIZE=1"))
+                                    f"{gunicorn(run)}, its batcher off: SHIM_MAX_BATCH_SIZE=1"))
     if {"direct", "triton-batching"} & set(selected):
         with triton_variant(run, work, stack.Variant("batching", 2, dynamic_batching=True), model_pt) as triton:
             if "direct" in selected:
@@ -381,7 +481,7 @@ def local_triton_configs(run: Run, work: Path, model_pt: Path, labels: Path) -> 
             if "triton-batching" in selected:
                 with shim(run, triton.http_url, labels, model_pt) as url:
                     run.measure(shim_target(run, "triton-batching", url, triton.http_url, triton.metrics_url,
-                                            "2 workers x 8 threads, its batcher on: the defaults"))
+                                            f"{gunicorn(run)}, its batcher on: the defaults"))
 
 
 def external_triton_configs(run: Run, model_pt: Path, labels: Path) -> None:
@@ -400,7 +500,7 @@ def external_triton_configs(run: Run, model_pt: Path, labels: Path) -> None:
         else:
             with shim(run, triton_url, labels, model_pt) as url:
                 run.measure(shim_target(run, "triton-batching", url, triton_url, metrics,
-                                        "2 workers x 8 threads, the defaults"))
+                                        f"{gunicorn(run)}, the defaults"))
 
 
 # -- main ------------------------------------------------------------------------------------------------------
@@ -416,6 +516,28 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.frontend:
+        from bench import frontend
+
+        return frontend.main(args, argv)
+    status, out, stopper = classic(args, argv)
+    if args.both:
+        from bench import frontend
+
+        front = argparse.Namespace(**vars(args))
+        front.frontend = True
+        for key, value in (FRONT_QUICK if args.quick else FRONT_DEFAULTS).items():
+            if key not in args.explicit:
+                setattr(front, key, value)
+        front.levels = levels(front.concurrency)
+        front.legacy_threads = args.legacy_threads if "legacy_threads" in args.explicit else 8
+        print(flush=True)
+        status = frontend.main(front, argv, out / "frontend", stopper) or status
+    return status
+
+
+def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, Path, stack.Stopper]:
+    """The Flask-vs-Triton benchmark: (exit status, its output folder, the servers still stopping)."""
     started = time.monotonic()
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     stamp = datetime.datetime.now().astimezone()
@@ -429,7 +551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     configs, skipped = plan(args)
     runs = len(configs) * len(args.levels)
-    expected = runs * (args.warmup + args.duration) + len(args.levels) * (CEILING_S + 0.5) + STARTUP_ALLOWANCE_S
+    expected = (runs * (args.warmup + args.duration) + len(args.levels) * (ceiling_s(args) + 0.5)
+                + STARTUP_ALLOWANCE_S)
     print(f"benchmark: {arch}, configurations {', '.join(configs) or 'none'}, clients {args.levels}, "
           f"{args.warmup:g} s warm-up + {args.duration:g} s per row: {runs} rows, about {expected / 60:.0f} min; "
           f"output in {out}", flush=True)
@@ -469,8 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "libtorch model runs in a python-backend stand-in loading the same model.pt, "
                              "KIND_GPU became KIND_CPU, INTRA_OP_THREAD_COUNT = cores / instances.")
         finally:
-            run.close()
-            shutil.rmtree(work, ignore_errors=True)
+            run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after the servers using it
+            run.close(settle=not args.both)  # --both: the front-end rows' setup overlaps the last stops
 
     if run.triton_server:
         machine["triton_server"] = {k: run.triton_server.get(k) for k in ("name", "version")}
@@ -491,7 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "configurations": run.configurations,
         "skipped": skipped,
         "triton_configs": run.triton_configs,
-        "ceiling_duration_s": CEILING_S,
+        "ceiling_duration_s": ceiling_s(args),
         "loadgen_ceiling": ceiling,
         "results": run.rows,
         "ratios": ratios(run.rows),
@@ -515,5 +638,5 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"({time.monotonic() - started:.0f} s)")
     if errors:
         print(f"{errors} requests failed: see the tables and {out / 'logs'}", file=sys.stderr)
-        return 1
-    return 0
+        return 1, out, run.stopper
+    return 0, out, run.stopper

@@ -10,6 +10,7 @@ copy exactly as `make triton` does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import json
 import os
@@ -17,8 +18,9 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,17 @@ TRITON_REPO = ROOT / "triton_repo"
 MODEL_CACHE = ROOT / ".cache" / "bench-models"
 PACKAGES = ("torch", "torchvision", "tritonclient", "nvidia-pytriton", "flask", "gunicorn", "numpy", "pillow",
             "prometheus-client")
+
+
+# -- the shim ------------------------------------------------------------------------------------------------
+
+def shim_default(name: str) -> Any:
+    """The shim's own default for one setting (app/settings.py), e.g. its gunicorn workers and threads."""
+    import dataclasses
+
+    from app.settings import Settings
+
+    return next(f.default for f in dataclasses.fields(Settings) if f.name == name)
 
 
 # -- the model -----------------------------------------------------------------------------------------------
@@ -109,11 +122,53 @@ def start_triton(repo: Path, work: Path) -> EmbeddedTriton:
     return EmbeddedTriton(config).start()
 
 
+class Stopper:
+    """Servers that stop in the background while the next one starts; settle() waits for all of them.
+
+    A Triton takes seconds to stop (it drains, then unloads every python-backend stub) and gunicorn waits
+    for its workers: none of it needs to hold up the next server's start. Every measured window settles
+    first, so no window ever shares the machine with a server that is still stopping.
+    """
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+
+    def later(self, stop: Callable[[], None]) -> None:
+        """Call stop() in the background, after the stops asked for before it (a shim before its Triton)."""
+        previous = self._threads[-1] if self._threads else None
+
+        def run() -> None:
+            if previous is not None:
+                previous.join()
+            try:
+                stop()
+            except BaseException as e:  # a thread's outermost frame: kept, raised by settle()
+                self._errors.append(e)
+
+        thread = threading.Thread(target=run, name="bench-stop", daemon=False)
+        thread.start()
+        self._threads.append(thread)
+
+    def settle(self) -> None:
+        threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
+        if self._errors:
+            error, self._errors = self._errors[0], []
+            raise error
+
+
 # -- requests ------------------------------------------------------------------------------------------------
 
+@functools.cache
+def _jpegs(count: int, width: int, height: int) -> tuple[bytes, ...]:
+    return tuple(encode(photo(width, height, seed=seed), "JPEG", quality=90) for seed in range(count))
+
+
 def sample_jpegs(count: int, width: int = 640, height: int = 480) -> list[bytes]:
-    """`count` different photo-like JPEGs (quality 90), the same on every machine."""
-    return [encode(photo(width, height, seed=seed), "JPEG", quality=90) for seed in range(count)]
+    """`count` different photo-like JPEGs (quality 90), the same on every machine (made once per process)."""
+    return list(_jpegs(count, width, height))
 
 
 def ready_tensors(jpegs: Iterable[bytes]) -> list[Any]:
@@ -149,18 +204,17 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(url: str, timeout_s: float = 60) -> Samples | None:
-    """Every sample of a Prometheus endpoint, keyed by (name, labels); None when it cannot be read.
+    """Every sample of a Prometheus endpoint (app.promtext), keyed by (name, labels); None when unreadable.
 
     The timeout is long: under load the shim's /metrics waits for a gunicorn thread like any request.
     """
-    from prometheus_client.parser import text_string_to_metric_families
+    from app import promtext
 
     try:
-        text = http_get(url, timeout_s).decode()
+        samples = promtext.scrape(url, timeout_s)
     except OSError:
         return None
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {(s.name, frozenset(s.labels.items())): s.value for s in samples}
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:

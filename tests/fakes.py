@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-from app.backends.base import Readiness
+from app.backends.base import FP32, Readiness
 from app.errors import BackendError, BackendUnavailable
+from app.preprocess import ImageSpec, Prepared
 
 POISON = -7.0  # an image whose first value is POISON makes the fake fail the batch it is in
 CLASSES = 1000
+SPEC = ImageSpec()
 
 
 class EchoBackend:
@@ -39,7 +41,12 @@ class EchoBackend:
     def max_batch_size(self) -> int:
         return self._max_batch
 
-    def infer(self, batch: np.ndarray, request_ids: Sequence[str]) -> np.ndarray:
+    @property
+    def input_kind(self) -> str:
+        return FP32
+
+    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> np.ndarray:
+        batch = np.stack([i.fp32() for i in images])
         with self._lock:
             self.batches.append(len(batch))
             self.request_ids.append(list(request_ids))
@@ -69,10 +76,11 @@ class EchoBackend:
         self.hang.clear()
 
 
-def image(value: float) -> np.ndarray:
+def image(value: float) -> Prepared:
+    """A prepared image whose tensor's first value is `value` (what EchoBackend answers with)."""
     tensor = np.zeros((3, 224, 224), dtype=np.float32)
     tensor[0, 0, 0] = value
-    return tensor
+    return Prepared(np.zeros((224, 224, 3), dtype=np.uint8), SPEC, tensor)
 
 
 def write_labels(path: Path) -> Path:

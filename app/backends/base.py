@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from app.preprocess import Prepared
 
 
 @dataclass(frozen=True)
@@ -16,11 +19,17 @@ class Readiness:
     detail: str  # what a person reading /readyz needs to know, in one line
 
 
-class Backend(Protocol):
-    """Turns a batch of preprocessed images [N, 3, H, W] FP32 into logits [N, classes] FP32.
+FP32, UINT8 = "fp32", "uint8"
 
-    infer() raises app.errors.BackendError subclasses only. It may be called from several threads
-    of one process at once; an implementation keeps whatever is not thread-safe per thread.
+
+class Backend(Protocol):
+    """Turns a batch of preprocessed images into logits [N, classes] FP32.
+
+    Each image comes as its cropped pixels and, when the request thread made it, its normalised FP32
+    tensor (app.preprocess.Prepared): a backend takes what it sends, `fp32()` or `pixels`. `input_kind`
+    ("fp32" or "uint8") tells request threads which to prepare. infer() raises app.errors.BackendError
+    subclasses only. It may be called from several threads of one process at once; an implementation
+    keeps whatever is not thread-safe per thread.
     """
 
     name: str
@@ -28,10 +37,13 @@ class Backend(Protocol):
     @property
     def max_batch_size(self) -> int: ...
 
+    @property
+    def input_kind(self) -> str: ...
+
     def start(self) -> None:
         """Begin whatever loading the backend needs, in the background; idempotent, never blocks."""
 
-    def infer(self, batch: npt.NDArray[np.float32], request_ids: Sequence[str]) -> npt.NDArray[np.float32]: ...
+    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> npt.NDArray[np.float32]: ...
 
     def ready(self) -> Readiness: ...
 

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.backends.base import Readiness
+from app.backends.base import FP32, Readiness
 from app.errors import BackendError, BackendUnavailable
+from app.preprocess import Prepared
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,10 @@ class LegacyBackend:
     def max_batch_size(self) -> int:
         return self._max_batch
 
+    @property
+    def input_kind(self) -> str:
+        return FP32
+
     def start(self) -> None:
         if self._started:  # the hot path: every request routed to legacy calls this
             return
@@ -59,7 +64,7 @@ class LegacyBackend:
             return Readiness(False, self._error or f"legacy model {self.model_path} failed to load")
         return Readiness(True, f"legacy model {self.model_path} is loaded")
 
-    def infer(self, batch: npt.NDArray[np.float32], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
+    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
         self.start()
         if not self._loaded.wait(self._load_timeout_s) or self._model is None:
             raise BackendUnavailable(self._error or f"legacy model {self.model_path} is still loading",
@@ -67,8 +72,9 @@ class LegacyBackend:
         import torch
 
         try:
+            batch = torch.from_numpy(np.stack([image.fp32() for image in images]))
             with torch.inference_mode():
-                return np.asarray(self._model(torch.from_numpy(batch)).numpy(), dtype=np.float32)
+                return np.asarray(self._model(batch).numpy(), dtype=np.float32)
         except RuntimeError as e:  # torch reports every failure of forward() as RuntimeError
             raise BackendError(f"legacy model failed: {e}", backend=self.name) from e
 

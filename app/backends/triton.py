@@ -1,21 +1,35 @@
-"""Triton over HTTP with binary tensors: the only module that imports tritonclient.
+"""Triton over HTTP with binary tensors or shared memory: the only module that imports tritonclient.
+
+Transports (SHIM_TRANSPORT), what a request sends and how:
+    http       FP32 tensors [N, 3, 224, 224] in the HTTP body, to the model (resnet50)
+    shm        the same tensors through system shared memory: only a small JSON header on the wire
+    uint8      the cropped pixels [N, 224, 224, 3] UINT8 (4x fewer bytes) to the ensemble that
+               normalises them in Triton (resnet50_uint8 = normalize -> resnet50)
+    uint8-shm  the pixels through shared memory
+    auto       (the default) pixels when Triton normalises on a GPU (the ensemble's normalize step is
+               KIND_GPU), tensors otherwise; shared memory when Triton can map this host's /dev/shm
+               (a registration of a probe region succeeds), HTTP otherwise
+A worker settles its transport once, on its first readiness check or request. Shared memory that
+stops working (a Triton restart forgets registrations) is registered again; if that fails the worker
+goes on over HTTP, logged once. /readyz and the metric shim_transport say which transport is in use.
 
 tritonclient's HTTP client is not thread-safe and breaks when carried across a fork, so each thread
 gets its own client, made on first use in the process that uses it. Readiness checks use clients of
 their own with short timeouts, so that /readyz answers within about SHIM_READINESS_TIMEOUT_S even when
 Triton hangs. The model's tensor names, dtypes and dims come from Triton's metadata and are checked
-against what the shim sends before the first request; every tritonclient error leaves this module as
-one of the shim's own.
+against what the transport sends; every tritonclient error leaves this module as one of the shim's own.
 """
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -23,8 +37,12 @@ import numpy.typing as npt
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from app.backends.base import Readiness
+from app import metrics
+from app.backends import shm
+from app.backends.base import FP32, UINT8, Readiness
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, ModelMismatch
+from app.preprocess import Prepared
+from app.settings import TRANSPORTS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,6 +50,8 @@ NAME = "triton"
 # Triton answers 400 with these words when the model is absent or not (yet) loaded.
 UNAVAILABLE_MARKERS = ("unknown model", "not ready", "no available versions", "not found", "unavailable")
 SPEC_RECHECK_S = 5.0  # readiness re-reads the model's metadata at most this often (a reload may change it)
+NUMPY = {FP32: np.float32, UINT8: np.uint8}
+TRITON_DTYPE = {FP32: "FP32", UINT8: "UINT8"}
 
 
 @dataclass(frozen=True)
@@ -42,16 +62,30 @@ class ModelSpec:
     versions: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class Route:
+    """A settled transport: which model gets which tensors, and over which channel."""
+
+    transport: str
+    model: str
+    kind: str  # FP32 or UINT8
+    shm: bool
+    why: str  # how it was chosen, for /readyz
+
+    def image_shape(self, crop: int) -> tuple[int, int, int]:
+        return (3, crop, crop) if self.kind == FP32 else (crop, crop, 3)
+
+
 def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Sequence[int], classes: int,
-                where: str) -> ModelSpec:
-    """The model's metadata against what the shim sends ([N, *image_shape] FP32) and expects back."""
-    want_in = f"FP32 [-1, {', '.join(map(str, image_shape))}]"
+                where: str, datatype: str = "FP32") -> ModelSpec:
+    """The model's metadata against what the shim sends ([N, *image_shape] of `datatype`) and expects back."""
+    want_in = f"{datatype} [-1, {', '.join(map(str, image_shape))}]"
     if len(meta.get("inputs", [])) != 1 or len(meta.get("outputs", [])) != 1:
         raise ModelMismatch(f"{where} has {len(meta.get('inputs', []))} inputs and {len(meta.get('outputs', []))} "
                             f"outputs; the shim needs one image input ({want_in}) and one logits output", backend=NAME)
     (inp,), (out,) = meta["inputs"], meta["outputs"]
     in_shape, out_shape = list(inp["shape"]), list(out["shape"])
-    if inp["datatype"] != "FP32" or len(in_shape) != 4 or in_shape[1:] != list(image_shape):
+    if inp["datatype"] != datatype or len(in_shape) != 4 or in_shape[1:] != list(image_shape):
         raise ModelMismatch(f"{where} input '{inp['name']}' is {inp['datatype']} {in_shape}; the shim sends {want_in}",
                             backend=NAME)
     if out["datatype"] != "FP32" or len(out_shape) != 2 or out_shape[1] != classes:
@@ -102,25 +136,59 @@ class _Clients:
             client.close()
 
 
+@dataclass
+class _Regions:
+    """A sender thread's input and output regions, registered with Triton."""
+
+    input: shm.Region
+    output: shm.Region
+
+
 class TritonBackend:
     name = NAME
 
     def __init__(self, *, url: str, model: str, version: str, connect_timeout_s: float, network_timeout_s: float,
-                 readiness_timeout_s: float, image_shape: Sequence[int], classes: int, max_batch_size: int) -> None:
+                 readiness_timeout_s: float, image_shape: Sequence[int], classes: int, max_batch_size: int,
+                 transport: str = "http", uint8_model: str = "", shm_mode: int = 0o600) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.url, self.model, self.version = url, model, version
-        self._image_shape, self._classes, self._max_batch = tuple(image_shape), classes, max_batch_size
-        self._where = f"Triton model '{model}'{f' version {version}' if version else ''} at {url}"
+        self.uint8_model = uint8_model or f"{model}_uint8"
+        self._crop = int(image_shape[-1])
+        self._classes, self._max_batch = classes, max_batch_size
+        self._wanted = transport
+        self._shm_mode = shm_mode
         self._clients = _Clients(url, connect_timeout_s=connect_timeout_s, network_timeout_s=network_timeout_s)
         self._probes = _Clients(url, connect_timeout_s=min(connect_timeout_s, readiness_timeout_s),
                                 network_timeout_s=readiness_timeout_s)
+        self._route: Route | None = None
+        self._route_lock = threading.Lock()
         self._spec: ModelSpec | None = None
         self._spec_checked = 0.0
         self._mismatch_logged = False
+        self._local = threading.local()  # a sender thread's shared memory regions
+        self._regions: list[_Regions] = []
+        self._region_count = 0
+        self._regions_lock = threading.Lock()
+        self._swept = False
+
+    # -- the Backend protocol ------------------------------------------------------------------------------
 
     @property
     def max_batch_size(self) -> int:
         spec = self._spec
         return min(self._max_batch, spec.max_batch_size) if spec else self._max_batch
+
+    @property
+    def input_kind(self) -> str:
+        """What a request thread should prepare: the settled route's, or the wanted transport's until then."""
+        if self._route is not None:
+            return self._route.kind
+        return UINT8 if self._wanted.startswith("uint8") else FP32
+
+    @property
+    def transport(self) -> str:
+        return self._route.transport if self._route is not None else f"{self._wanted} (not settled yet)"
 
     def start(self) -> None:
         """Nothing to load: the first call in each thread makes its client; metadata comes on first use."""
@@ -128,44 +196,250 @@ class TritonBackend:
     def ready(self) -> Readiness:
         """The model ready on Triton, its metadata checked (again, every few seconds: a reload may change it)."""
         try:
-            if not self._call(self._probes, lambda c: c.is_model_ready(self.model, self.version)):
-                return Readiness(False, f"{self._where} is not ready")
+            route = self._settle(self._probes, wait=False)
+            if not self._call(self._probes, lambda c: c.is_model_ready(route.model, self.version)):
+                return Readiness(False, f"{self._where(route)} is not ready")
             spec = self._spec
             if spec is None or time.monotonic() - self._spec_checked > SPEC_RECHECK_S:
-                spec = self._fetch_spec(self._probes)
+                spec = self._fetch_spec(self._probes, route)
         except BackendError as e:
             return Readiness(False, e.message)
-        return Readiness(True, f"{self._where} is ready (versions {', '.join(spec.versions) or '?'}, "
-                               f"max batch {spec.max_batch_size})")
+        return Readiness(True, f"{self._where(route)} is ready (versions {', '.join(spec.versions) or '?'}, "
+                               f"max batch {spec.max_batch_size}); transport {route.transport}: {route.why}")
 
-    def infer(self, batch: npt.NDArray[np.float32], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
-        spec = self._spec or self._fetch_spec(self._clients)
-        tensor = httpclient.InferInput(spec.input_name, list(batch.shape), "FP32")
-        tensor.set_data_from_numpy(batch, binary_data=True)
-        wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
+    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
+        route = self._settle(self._clients)
+        spec = self._spec or self._fetch_spec(self._clients, route)
         # Every request ID of the batch (at most 32 x 128 characters): Triton's logs and answer carry them.
         request_id = ",".join(request_ids)
-        result = self._call(self._clients, lambda c: c.infer(self.model, [tensor], model_version=self.version,
-                                                             outputs=[wanted], request_id=request_id))
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("Triton answered a batch of %d", len(batch),
-                      extra={"triton_request_id": result.get_response().get("id", "")})
-        logits = result.as_numpy(spec.output_name)
-        if logits is None or logits.shape != (batch.shape[0], self._classes):
-            raise BackendError(f"{self._where} answered {None if logits is None else list(logits.shape)} "
-                               f"for a batch of {batch.shape[0]}", backend=NAME)
-        return np.asarray(logits, dtype=np.float32)
+        if route.shm:
+            try:
+                return self._infer_shm(route, spec, images, request_id)
+            except _ShmLost as e:
+                route = self._give_up_shm(route, str(e))
+        return self._infer_http(route, spec, _stack(images, route.kind), request_id)
 
     def close(self) -> None:
-        self._clients.close()
-        self._probes.close()
-
-    def _fetch_spec(self, clients: _Clients) -> ModelSpec:
-        meta = self._call(clients, lambda c: c.get_model_metadata(self.model, self.version))
-        config = self._call(clients, lambda c: c.get_model_config(self.model, self.version))
+        with self._regions_lock:
+            regions, self._regions = self._regions, []
+        client = None
         try:
-            spec = check_model(meta, config, image_shape=self._image_shape, classes=self._classes,
-                               where=self._where)
+            if regions:
+                client = httpclient.InferenceServerClient(self.url, connection_timeout=1, network_timeout=2)
+            for pair in regions:
+                for region in (pair.input, pair.output):
+                    if client is not None:
+                        try:
+                            client.unregister_system_shared_memory(region.name)
+                        except (InferenceServerException, OSError, http.client.HTTPException) as e:
+                            log.info("could not unregister %s from Triton: %s", region.name, e)
+                    region.close()
+        finally:
+            if client is not None:
+                client.close()
+            self._clients.close()
+            self._probes.close()
+
+    # -- choosing the transport ----------------------------------------------------------------------------
+
+    def _settle(self, clients: _Clients, *, wait: bool = True) -> Route:
+        route = self._route
+        if route is not None:
+            return route
+        if not self._route_lock.acquire(blocking=wait):  # readiness never waits behind a request that settles it
+            raise BackendUnavailable(f"{self._where()}: the transport is being chosen", backend=NAME)
+        try:
+            if self._route is None:
+                self._route = self._choose(clients)
+                log.info("Triton transport: %s (%s)", self._route.transport, self._route.why,
+                         extra={"transport": self._route.transport})
+                metrics.publish_transport(self._route.transport)
+            return self._route
+        finally:
+            self._route_lock.release()
+
+    def _choose(self, clients: _Clients) -> Route:
+        """Settle the transport; raises (and settles nothing) while Triton does not answer."""
+        self._call(clients, lambda c: c.is_server_live())
+        wanted = self._wanted
+        if wanted == "auto":
+            pixels, why_kind = self._normalises_on_gpu(clients)
+            shared, why_channel = self._shm_works(clients)
+        else:
+            pixels, why_kind = wanted.startswith("uint8"), f"SHIM_TRANSPORT={wanted}"
+            shared, why_channel = False, ""
+            if wanted.endswith("shm"):
+                shared, why_channel = self._shm_works(clients)
+                if not shared:
+                    log.error("SHIM_TRANSPORT=%s, but %s: sending over HTTP", wanted, why_channel)
+        kind = UINT8 if pixels else FP32
+        transport = {(FP32, False): "http", (FP32, True): "shm", (UINT8, False): "uint8",
+                     (UINT8, True): "uint8-shm"}[(kind, shared)]
+        return Route(transport=transport, model=self.uint8_model if pixels else self.model, kind=kind, shm=shared,
+                     why="; ".join(w for w in (why_kind, why_channel) if w))
+
+    def _normalises_on_gpu(self, clients: _Clients) -> tuple[bool, str]:
+        """auto: send pixels only when Triton normalises them on a GPU; on a CPU that work costs the same there."""
+        try:
+            config = self._call(clients, lambda c: c.get_model_config(self.uint8_model))
+            steps = config.get("ensemble_scheduling", {}).get("step", [])
+            first = steps[0]["model_name"] if steps else self.uint8_model
+            first_config = config if not steps else self._call(clients, lambda c: c.get_model_config(first))
+        except BackendError as e:
+            if not _answered(e):
+                raise
+            return False, f"tensors: no usable {self.uint8_model} ({e.message.split(': ', 1)[-1]})"
+        kinds = {g.get("kind", "KIND_AUTO") for g in first_config.get("instance_group", [])}
+        if "KIND_GPU" in kinds:
+            return True, f"pixels: {first} normalises them on a GPU"
+        return False, f"tensors: {first} would normalise them on {'/'.join(sorted(kinds)) or 'KIND_AUTO'}"
+
+    def _shm_works(self, clients: _Clients) -> tuple[bool, str]:
+        """Can Triton map this host's /dev/shm? Register a small probe region and see."""
+        self._sweep(clients)
+        try:
+            region = shm.create(f"{shm.worker_prefix()}probe", 64, self._shm_mode)
+        except OSError as e:
+            return False, f"HTTP: no shared memory here ({e})"
+        try:
+            self._call(clients, lambda c: c.register_system_shared_memory(region.name, region.key, region.size))
+            self._call(clients, lambda c: c.unregister_system_shared_memory(region.name))
+        except BackendError as e:
+            if not _answered(e):
+                raise
+            return False, f"HTTP: Triton cannot map this host's /dev/shm ({e.message.split(': ', 1)[-1]})"
+        finally:
+            region.close()
+        return True, "shared memory: Triton maps this host's /dev/shm"
+
+    def _give_up_shm(self, route: Route, reason: str) -> Route:
+        with self._route_lock:
+            if self._route is route:
+                self._route = Route(transport="uint8" if route.kind == UINT8 else "http", model=route.model,
+                                    kind=route.kind, shm=False, why=f"{route.why}; then HTTP: {reason}")
+                log.error("shared memory stopped working (%s): this worker sends over HTTP from now on", reason)
+                metrics.publish_transport(self._route.transport)
+            return self._route if self._route is not None else route
+
+    # -- sending ----------------------------------------------------------------------------------------------
+
+    def _infer_http(self, route: Route, spec: ModelSpec, batch: npt.NDArray[Any],
+                    request_id: str) -> npt.NDArray[np.float32]:
+        tensor = httpclient.InferInput(spec.input_name, list(batch.shape), TRITON_DTYPE[route.kind])
+        tensor.set_data_from_numpy(batch, binary_data=True)
+        wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
+        result = self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=self.version,
+                                                             outputs=[wanted], request_id=request_id))
+        self._log_answer(result, len(batch))
+        return self._checked(result.as_numpy(spec.output_name), len(batch), route)
+
+    def _infer_shm(self, route: Route, spec: ModelSpec, images: Sequence[Prepared],
+                   request_id: str) -> npt.NDArray[np.float32]:
+        regions = self._thread_regions(route)
+        n = len(images)
+        shape = (n, *route.image_shape(self._crop))
+        _stack(images, route.kind, out=regions.input.array(NUMPY[route.kind], shape))  # straight into the region
+        tensor = httpclient.InferInput(spec.input_name, list(shape), TRITON_DTYPE[route.kind])
+        tensor.set_shared_memory(regions.input.name, int(np.prod(shape)) * np.dtype(NUMPY[route.kind]).itemsize)
+        wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
+        wanted.set_shared_memory(regions.output.name, n * self._classes * 4)
+
+        def send() -> Any:
+            return self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=self.version,
+                                                               outputs=[wanted], request_id=request_id))
+
+        try:
+            result = send()
+        except BackendError as e:
+            if not _about_shm(e):
+                raise
+            try:  # Triton restarted and forgot the registrations: once more, then retry
+                self._register(regions)
+                result = send()
+            except BackendError as again:
+                if _about_shm(again):
+                    raise _ShmLost(again.message) from again
+                raise
+        self._log_answer(result, n)
+        return self._checked(regions.output.array(np.float32, (n, self._classes)).copy(), n, route)
+
+    def _thread_regions(self, route: Route) -> _Regions:
+        regions: _Regions | None = getattr(self._local, "regions", None)
+        if regions is not None:
+            return regions
+        with self._regions_lock:
+            self._region_count += 1
+            prefix = f"{shm.worker_prefix()}{self._region_count}"
+        per_image = int(np.prod(route.image_shape(self._crop))) * np.dtype(NUMPY[route.kind]).itemsize
+        try:
+            regions = _Regions(shm.create(f"{prefix}_in", self._max_batch * per_image, self._shm_mode),
+                               shm.create(f"{prefix}_out", self._max_batch * self._classes * 4, self._shm_mode))
+        except OSError as e:
+            raise _ShmLost(f"cannot make a shared memory region: {e}") from e
+        with self._regions_lock:
+            self._regions.append(regions)
+        self._local.regions = regions
+        try:
+            self._register(regions)
+        except BackendError as e:
+            if _answered(e):
+                raise _ShmLost(e.message) from e
+            raise
+        return regions
+
+    def _register(self, regions: _Regions) -> None:
+        for region in (regions.input, regions.output):
+            try:  # never registered twice: a stale registration of the same name (a reused pid) goes first
+                self._call(self._clients, partial(_unregister, name=region.name))
+            except BackendError as e:
+                if not _answered(e):
+                    raise
+            self._call(self._clients, partial(_register, region=region))
+
+    def _sweep(self, clients: _Clients) -> None:
+        """Once per worker: what dead processes of this host left, in /dev/shm and in Triton's registry."""
+        if self._swept:
+            return
+        removed = shm.sweep_files()
+        try:
+            status = self._call(clients, lambda c: c.get_system_shared_memory_status())
+            names = [str(r.get("name", "")) for r in (status if isinstance(status, list) else [])]
+            for name in shm.stale_names(names):
+                self._call(clients, partial(_unregister, name=name))
+                removed.append(name)
+        except BackendError as e:
+            if not _answered(e):
+                raise
+            log.warning("could not clear stale shared memory registrations: %s", e.message)
+        self._swept = True
+        if removed:
+            log.info("removed %d shared memory regions left by processes that are gone", len(removed),
+                     extra={"regions": sorted(set(removed))})
+
+    # -- checking and translating ---------------------------------------------------------------------------
+
+    def _where(self, route: Route | None = None) -> str:
+        model = route.model if route is not None else self.model
+        return f"Triton model '{model}'{f' version {self.version}' if self.version else ''} at {self.url}"
+
+    def _checked(self, logits: npt.NDArray[Any] | None, n: int, route: Route) -> npt.NDArray[np.float32]:
+        if logits is None or logits.shape != (n, self._classes):
+            raise BackendError(f"{self._where(route)} answered {None if logits is None else list(logits.shape)} "
+                               f"for a batch of {n}", backend=NAME)
+        return np.asarray(logits, dtype=np.float32)
+
+    @staticmethod
+    def _log_answer(result: Any, n: int) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("Triton answered a batch of %d", n,
+                      extra={"triton_request_id": result.get_response().get("id", "")})
+
+    def _fetch_spec(self, clients: _Clients, route: Route) -> ModelSpec:
+        meta = self._call(clients, lambda c: c.get_model_metadata(route.model, self.version))
+        config = self._call(clients, lambda c: c.get_model_config(route.model, self.version))
+        try:
+            spec = check_model(meta, config, image_shape=route.image_shape(self._crop), classes=self._classes,
+                               where=self._where(route), datatype=TRITON_DTYPE[route.kind])
         except ModelMismatch as e:
             if not self._mismatch_logged:
                 log.error("%s", e.message)  # once: readiness repeats it to whoever asks
@@ -177,20 +451,51 @@ class TritonBackend:
 
     def _call(self, clients: _Clients, call: Callable[[httpclient.InferenceServerClient], T]) -> T:
         """Run one tritonclient call on this thread's client; translate whatever it raises."""
+        started = time.monotonic()
         try:
             return call(clients.get())
-        except InferenceServerException as e:
+        except InferenceServerException as e:  # Triton answered, with an error
             text = str(e.message() or e)
             if any(marker in text.lower() for marker in UNAVAILABLE_MARKERS):
                 self._spec = None  # whatever comes back may be another version: check it again
-                raise BackendUnavailable(f"{self._where} is unavailable: {text}", backend=NAME) from e
+                raise BackendUnavailable(f"{self._where()} is unavailable: {text}", backend=NAME) from e
             if "timeout" in text.lower() or "deadline" in text.lower():
-                raise BackendTimeout(f"{self._where} timed out: {text}", backend=NAME) from e
-            raise BackendError(f"{self._where} failed the request: {text}", backend=NAME) from e
+                raise BackendTimeout(f"{self._where()} timed out: {text}", backend=NAME) from e
+            raise BackendError(f"{self._where()} failed the request: {text}", backend=NAME) from e
         except TimeoutError as e:
             clients.drop()
-            raise BackendTimeout(f"{self._where} did not answer within {clients.network_timeout_s:g} s",
+            if time.monotonic() - started < clients.network_timeout_s * 0.9:  # the connect timed out, not the call
+                raise BackendUnavailable(f"{self._where()} accepts no connection (the connect timed out)",
+                                         backend=NAME) from e
+            raise BackendTimeout(f"{self._where()} did not answer within {clients.network_timeout_s:g} s",
                                  backend=NAME) from e
-        except OSError as e:  # refused, reset, unreachable, DNS
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, unreachable, DNS; closed mid-answer
             clients.drop()
-            raise BackendUnavailable(f"{self._where} is unreachable: {e}", backend=NAME) from e
+            raise BackendUnavailable(f"{self._where()} is unreachable: {type(e).__name__}: {e}", backend=NAME) from e
+
+
+def _register(client: httpclient.InferenceServerClient, *, region: shm.Region) -> None:
+    client.register_system_shared_memory(region.name, region.key, region.size)
+
+
+def _unregister(client: httpclient.InferenceServerClient, *, name: str) -> None:
+    client.unregister_system_shared_memory(name)
+
+
+def _answered(error: BackendError) -> bool:
+    """Did Triton itself answer (with an error), rather than time out or refuse the connection?"""
+    return isinstance(error.__cause__, InferenceServerException)
+
+
+def _about_shm(error: BackendError) -> bool:
+    return _answered(error) and "shared memory" in error.message.lower()
+
+
+def _stack(images: Sequence[Prepared], kind: str, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
+    """The batch a route sends: the images' pixels (UINT8, HWC) or their FP32 tensors (CHW)."""
+    arrays = [image.pixels for image in images] if kind == UINT8 else [image.fp32() for image in images]
+    return np.stack(arrays, out=out)
+
+
+class _ShmLost(Exception):
+    """Shared memory cannot be used (any more) by this worker: it goes on over HTTP."""

@@ -33,7 +33,8 @@ def switchable(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
     """2 workers, admin API on, legacy loaded (fallback on), starting in triton mode."""
     served = start_shim(tmp_path_factory.mktemp("switchable"), triton_url=triton.http_url, repo=test_repo,
-                        model_pt=test_model_pt, admin_token=TOKEN, fallback="true", mode="triton")
+                        model_pt=test_model_pt, admin_token=TOKEN, fallback="true", mode="triton",
+                        triton_timeout_s=60)  # 16 clients on in-process legacy models: a slow machine queues
     served.wait("/readyz")
 
     def legacy_loaded_everywhere() -> bool:  # readiness in triton mode does not wait for the fallback model

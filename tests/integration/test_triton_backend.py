@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import threading
 
-import numpy as np
 import pytest
 
 from app.backends.triton import TritonBackend, check_model
 from app.embedded_triton import EmbeddedTriton
 from app.errors import BackendTimeout, BackendUnavailable, ModelMismatch
+from tests.fakes import image
 
 pytestmark = pytest.mark.triton
 IMAGE = (3, 224, 224)
@@ -27,7 +28,7 @@ def test_ready_model_with_matching_metadata(triton: EmbeddedTriton) -> None:
     state = b.ready()
     assert state.ready, state.detail
     assert b.max_batch_size == 32, "capped by the model's own max_batch_size"
-    logits = b.infer(np.zeros((2, *IMAGE), np.float32), ["a", "b"])
+    logits = b.infer([image(0.0), image(1.0)], ["a", "b"])
     assert logits.shape == (2, 1000)
     b.close()
 
@@ -44,7 +45,7 @@ def test_a_mismatch_or_missing_model_keeps_readiness_off_with_one_clear_message(
     assert not state.ready
     assert re.search(message, state.detail), state.detail
     with pytest.raises(BackendUnavailable, match=message):
-        b.infer(np.zeros((1, *IMAGE), np.float32), ["x"])
+        b.infer([image(0.0)], ["x"])
     b.close()
 
 
@@ -54,7 +55,7 @@ def test_every_request_id_of_a_full_batch_reaches_triton(triton: EmbeddedTriton,
     ids = [f"{i:02d}-" + "abcdef0123456789" * 2 for i in range(32)]  # 35 characters each, as uuid4().hex + more
     b = backend(triton.http_url)
     with caplog.at_level(logging.DEBUG, logger="app.backends.triton"):
-        b.infer(np.zeros((32, *IMAGE), np.float32), ids)
+        b.infer([image(float(i)) for i in range(32)], ids)
     b.close()
     (echoed,) = [r.triton_request_id for r in caplog.records if hasattr(r, "triton_request_id")]
     assert echoed.split(",") == ids
@@ -75,15 +76,59 @@ def test_unreachable_is_503_and_silent_server_is_504() -> None:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     with pytest.raises(BackendUnavailable, match="unreachable"):
-        backend(f"127.0.0.1:{port}").infer(np.zeros((1, *IMAGE), np.float32), ["x"])
+        backend(f"127.0.0.1:{port}").infer([image(0.0)], ["x"])
 
     with socket.socket() as silent:  # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         b = backend(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=1)
         with pytest.raises(BackendTimeout, match="did not answer within 1"):
-            b.infer(np.zeros((1, *IMAGE), np.float32), ["x"])
+            b.infer([image(0.0)], ["x"])
         b.close()
+
+
+def test_a_connection_closed_before_the_answer_is_503_not_a_bug() -> None:
+    """What Triton does to open keep-alive connections when it shuts down."""
+    with socket.socket() as rude:
+        rude.bind(("127.0.0.1", 0))
+        rude.listen()
+        port = rude.getsockname()[1]
+
+        def hang_up() -> None:
+            for _ in range(4):  # tritonclient may try again on a fresh connection
+                conn, _ = rude.accept()
+                conn.recv(65536)
+                conn.close()
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        with pytest.raises(BackendUnavailable, match="unreachable"):
+            backend(f"127.0.0.1:{port}").infer([image(0.0)], ["x"])
+
+
+def test_a_connect_that_times_out_is_503_not_504() -> None:
+    """A stopped container's address: nothing accepts the connection (a full backlog drops the SYN)."""
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        address = full.getsockname()
+        queued: list[socket.socket] = []
+        try:
+            while len(queued) < 8:  # fill the accept queue until a connect times out
+                probe = socket.socket()
+                probe.settimeout(0.5)
+                try:
+                    probe.connect(address)
+                except TimeoutError:
+                    probe.close()
+                    break
+                queued.append(probe)
+            b = backend(f"127.0.0.1:{address[1]}", timeout_s=30)
+            with pytest.raises(BackendUnavailable, match="accepts no connection"):
+                b.infer([image(0.0)], ["x"])
+            b.close()
+        finally:
+            for conn in queued:
+                conn.close()
 
 
 def test_check_model_accepts_the_articles_model() -> None:

@@ -1,0 +1,392 @@
+"""`python -m bench --frontend`: what the shim's CPU work around a near-free model lets through, in one run.
+
+On a GPU host the model is almost free and the CPU work around it decides how many images reach it: HTTP
+and multipart parsing, JPEG decode, preprocessing, tensor serialisation and the hop to Triton. This mode
+makes the model near-free here too and measures, one row after the other, with the same JPEGs and clients:
+
+  floor         `app.preprocess.decode` + `to_tensor` in N processes (N = usable cores), no HTTP: the
+                least CPU any front end must spend per image (bench/floor.py)
+  legacy front  examples/legacy_app.py under gunicorn (2 workers x 8 threads by default) with a near-free
+                TorchScript model of resnet50's interface: the old app's own front-end cost
+  shim [t]      the shim (its own default workers and threads) -> Triton, one row per transport t
+                (SHIM_TRANSPORT=t in the shim's environment; bench.run.TRANSPORTS, or --transports)
+  direct        ready-made FP32 tensors straight to the same Triton: its cost without any front end
+
+The near-free model: tools/standin_repo.write_standin_repo() writes a copy of triton_repo into the run's
+own folder (never triton_repo/) whose resnet50 and normalize are numpy python-backend stand-ins with the
+exact interfaces (input__0 FP32 [3,224,224] -> output__0 FP32 [1000], max batch 32; logit k = the sum of
+the k-th of 1000 slices of the input, so every input value is read), served by the embedded Triton. The
+legacy app gets the same arithmetic as a scripted torch module (near_free_torchscript below).
+
+Every row reads the CPU time of the shim's, Triton's, the legacy app's, the floor's and the load
+generator's process trees from /proc over its measured window (bench/cpu.py). With --profile, py-spy
+records one shim worker of the best transport over one more window (bench/profile.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import cpu, floor, stack
+from bench import profile as pyspy
+from bench.loadgen import LoadGenerator
+from bench.report import cpu_columns, front_markdown, front_ratios, summarize
+from bench.run import IMAGE_SIZE, IMAGES, Run, Target
+
+ROOT = stack.ROOT
+MODEL = "resnet50"
+
+
+# -- the near-free models -----------------------------------------------------------------------------------
+
+def model_interface(repo: Path, model: str = MODEL) -> tuple[str, list[int], str, int]:
+    """(input name, input dims, output name, classes) from the repository's config.pbtxt."""
+    from app.embedded_triton.cpu_repo import read_config
+
+    config = read_config(repo / model / "config.pbtxt")
+    (inp,), (out,) = config.input, config.output
+    return inp.name, [int(d) for d in inp.dims], out.name, int(out.dims[-1])
+
+
+def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path:
+    """A scripted torch module with tools/standin_models/near_free_classifier.py's arithmetic, saved at dest.
+
+    Logit k is the sum of the k-th of `classes` slices of the flattened input, the slices bounded by
+    numpy.linspace(0, size, classes + 1) as the stand-in's reduceat does; checked against it here.
+    """
+    import numpy as np
+    import torch
+
+    size = int(np.prod(dims))
+    bounds = np.linspace(0, size, classes + 1)[:-1].astype(np.int64)
+    segment = np.repeat(np.arange(classes), np.diff(np.append(bounds, size)))
+
+    class NearFreeClassifier(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.classes = classes
+            self.register_buffer("segment", torch.from_numpy(segment))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            flat = x.reshape(x.shape[0], -1)
+            out = torch.zeros(x.shape[0], self.classes, dtype=flat.dtype)
+            return out.index_add_(1, self.segment, flat)
+
+    scripted = torch.jit.script(NearFreeClassifier().eval())
+    probe = np.random.default_rng(0).standard_normal((2, *dims)).astype(np.float32)
+    expected = np.add.reduceat(probe.reshape(2, -1), bounds, axis=1)
+    with torch.inference_mode():
+        got = scripted(torch.from_numpy(probe)).numpy()
+    if got.shape != (2, classes) or not np.allclose(got, expected, rtol=1e-4, atol=1e-3):
+        raise SystemExit("bench: the near-free TorchScript model does not compute what the Triton stand-in does")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    scripted.save(str(dest))
+    return dest
+
+
+# -- the servers --------------------------------------------------------------------------------------------
+
+def triton_pid(triton: Any) -> int:
+    """The tritonserver process serving on triton's HTTP port, found by its command line."""
+    port = f"--http-port={triton.config.http_port}"
+    pids = cpu.find_pids(lambda argv: Path(argv[0]).name == "tritonserver" and port in argv)
+    if len(pids) != 1:
+        raise SystemExit(f"bench: expected one tritonserver with {port}, found {pids}")
+    return pids[0]
+
+
+@contextlib.contextmanager
+def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads: int,
+                 stopper: stack.Stopper) -> Iterator[Any]:
+    """examples/legacy_app.py under gunicorn, `workers` x `threads` (gthread), on a free port."""
+    from tools import launch
+
+    port = launch.free_port()
+    env = {**os.environ, "LEGACY_MODEL_PATH": str(model_pt), "LEGACY_LABELS_PATH": str(labels)}
+    cmd = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+           "--threads", str(threads), "--worker-class", "gthread", "--no-control-socket",
+           "examples.legacy_app:app"]
+    print(f"starting the legacy app ({workers} workers x {threads} threads, near-free TorchScript) ...", flush=True)
+    served = launch.ServedApp("legacy app", cmd, env, port, out / "logs" / f"legacy-front-{port}.log")
+    try:
+        served.wait("/", status=404, timeout_s=180)  # no health endpoint: any contract answer means it is up
+        wait_for_children(served.process.pid, workers)
+        yield served
+    finally:
+        stopper.later(served.stop)
+
+
+@contextlib.contextmanager
+def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers: int, threads: int,
+               stopper: stack.Stopper) -> Iterator[Any]:
+    from tools import launch
+
+    env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
+           "SHIM_LABELS_PATH": str(labels), "SHIM_WORKERS": str(workers), "SHIM_THREADS": str(threads),
+           "SHIM_TRANSPORT": transport}
+    print(f"starting the shim (SHIM_TRANSPORT={transport}, {workers} workers x {threads} threads) ...", flush=True)
+    served = launch.start_shim(out / "logs", env)
+    try:
+        served.wait("/readyz", timeout_s=120)
+        wait_for_children(served.process.pid, workers)
+        yield served
+    finally:
+        stopper.later(served.stop)
+
+
+def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
+    """gunicorn's workers, once all `count` have forked and the whole tree is idle: the first answer may come
+    while another worker still imports its app (torch, for the legacy app)."""
+    from app.waiting import wait_until
+
+    deadline = time.monotonic() + timeout_s
+    wait_until(lambda: len(cpu.children_of(pid)) >= count, timeout_s, f"{count} gunicorn workers", interval_s=0.1)
+    cpu.wait_idle((pid,), timeout_s=max(1.0, deadline - time.monotonic()))
+    return cpu.children_of(pid)
+
+
+def reported_transport(url: str) -> str:
+    """What the shim says it uses: /readyz's "transport", else "unknown" (a shim from before transports
+    existed, e.g. the "before" worktree, ignores SHIM_TRANSPORT)."""
+    import urllib.error
+    import urllib.request
+
+    with contextlib.suppress(OSError, ValueError):
+        try:
+            body = urllib.request.urlopen(url + "/readyz", timeout=10).read()
+        except urllib.error.HTTPError as e:  # a 503 still carries the JSON
+            body = e.read()
+        transport = json.loads(body).get("transport")
+        if isinstance(transport, str):
+            return transport
+    return "unknown"
+
+
+# -- one run ------------------------------------------------------------------------------------------------
+
+class FrontRun:
+    def __init__(self, args: argparse.Namespace, out: Path, loadgen: LoadGenerator,
+                 stopper: stack.Stopper | None = None) -> None:
+        self.args, self.out, self.loadgen = args, out, loadgen
+        self.run = Run(args, out, loadgen)  # the request builders, driving, the CSV of every request
+        if stopper is not None:  # servers of an earlier part still stopping: the first window waits for them
+            self.run.stopper = stopper
+        self.rows = self.run.rows
+        self.configurations = self.run.configurations
+
+    def close(self) -> None:
+        self.run.close()
+
+    def measure(self, config: str, kind: str, label: str, description: str, url: str, requests: tuple[bytes, ...],
+                expect: bytes, watch: dict[str, tuple[int, ...]], transport: str | None = None,
+                shim_metrics: str | None = None, triton_metrics: str | None = None,
+                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.configurations.append({"config": config, "label": label, "description": description})
+        target = Target(config, label, description, url, requests, expect, shim_metrics=shim_metrics,
+                        triton_metrics=triton_metrics, watch={**watch, "loadgen": self.loadgen.pids},
+                        extra={"kind": kind, "transport": transport, **(extra or {})})
+        row: dict[str, Any] = {}
+        for concurrency in self.args.levels:
+            row = self.run.measure_one(target, concurrency)
+            machine = row.get("machine") or {}
+            print("    CPU ms per image: " + ", ".join(f"{g} {v:.2f}" for g, v in row["cpu_ms_per_image"].items()
+                                                        if v is not None)
+                  + f"; rest of the machine {machine.get('other_cpu_ms_per_image') or 0:.2f}, "
+                    f"idle {machine.get('idle_pct') or 0:.0f} %", flush=True)
+            if row["errors"] or row["warmup_errors"]:
+                print(f"  !! {label} c={concurrency}: {row['errors']} errors ({row['error_kinds']}), "
+                      f"{row['warmup_errors']} in warm-up; see {self.out / 'logs'}", flush=True)
+        return row
+
+    def measure_floor(self, processes: int) -> None:
+        label = f"floor: decode + preprocess, {processes} processes"
+        description = (f"`app.preprocess.decode` + `to_tensor` (FP32) in {processes} spawned processes on the same "
+                       f"{len(self.run.jpegs)} JPEGs, no HTTP, {self.args.warmup:g} s + {self.args.duration:g} s")
+        self.configurations.append({"config": "floor", "label": label, "description": description})
+        print(f"{label} ...", flush=True)
+        self.run.stopper.settle()
+        load_before = os.getloadavg()[0]
+        outcome, window = floor.run_floor(self.run.jpegs, processes, self.args.warmup, self.args.duration,
+                                          {"loadgen": self.loadgen.pids})
+        row = {"config": "floor", "kind": "floor", "transport": None, "label": label, "number": None,
+               "concurrency": min(self.args.levels), "processes": processes, **summarize(outcome), "breakdown": {},
+               "load_average_before": round(load_before, 2),
+               "load_average_after": round(os.getloadavg()[0], 2)}
+        row.update(cpu_columns(window, row["answers"]))
+        row["loadgen_cpu_pct"] = row["loadgen_cpu_ms_per_request"] = None
+        self.rows.append(row)
+        self.run.record("floor", processes, outcome)
+        print(f"  {label}: {row['qps']:.1f} images/s, CPU {row['cpu_ms_per_image']['floor']:.2f} ms per image "
+              f"({window['floor']['processes']} processes); rest of the machine "
+              f"{(row.get('machine') or {}).get('other_cpu_ms_per_image') or 0:.2f}, idle "
+              f"{(row.get('machine') or {}).get('idle_pct') or 0:.0f} %", flush=True)
+
+
+def profile_row(front: FrontRun, served: Any, tpid: int, transport: str) -> dict[str, Any]:
+    """One more window on a fresh shim with `transport`, py-spy recording its first worker while it is measured."""
+    pid = wait_for_children(served.process.pid, front.args.shim_workers)[0]
+    raws = {"working": front.out / f"profile-{transport}-{pid}.raw",
+            "gil": front.out / f"profile-{transport}-{pid}-gil.raw"}
+    state: dict[str, Any] = {}
+
+    def attach() -> None:  # the window opens: both recorders for its length
+        state.update({kind: pyspy.start(pid, front.args.duration, raw, gil=kind == "gil")
+                      for kind, raw in raws.items()})
+
+    label = f"shim [{transport}] under py-spy"
+    target = Target(f"shim-{transport}-profiled", label, f"the shim with SHIM_TRANSPORT={transport} again, "
+                    f"py-spy recording worker {pid}", served.url, front.run.predict_requests(served.url),
+                    b'"predictions"', watch={"shim": (served.process.pid,), "triton": (tpid,),
+                                             "loadgen": front.loadgen.pids},
+                    extra={"kind": "profiled", "transport": transport})
+    front.configurations.append({"config": target.config, "label": label, "description": target.description})
+    concurrency = max(front.args.levels)
+    row = front.run.measure_one(target, concurrency, attach)
+    if not state:
+        return {"pid": pid, "error": "the measured window never opened"}
+    result = {kind: pyspy.finish(state[kind], raw, front.args.duration, gil=kind == "gil")
+              for kind, raw in raws.items()}
+    errors = [r["error"] for r in result.values() if "error" in r]
+    print(f"  {label}: {row['qps']:.1f} images/s while profiled", flush=True)
+    return {"pid": pid, "seconds": front.args.duration, "rate": pyspy.RATE, **result,
+            **({"error": "; ".join(errors)} if errors else {}), "transport": transport, "qps": row["qps"],
+            "concurrency": concurrency, "shim_workers": front.args.shim_workers,
+            "shim_threads": front.args.shim_threads}
+
+
+def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None = None,
+         stopper: stack.Stopper | None = None) -> int:
+    started = time.monotonic()
+    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+    stamp = datetime.datetime.now().astimezone()
+    out = (out or args.out or ROOT / "bench" / "out" / f"{stamp:%Y%m%d-%H%M%S}-frontend").resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    usable = len(os.sched_getaffinity(0))
+    processes = args.floor_processes or usable
+    rows_planned = 1 + (not False) + len(args.transports) + 1 + bool(args.profile)
+    print(f"front-end benchmark: floor ({processes} processes), legacy front, shim x {', '.join(args.transports)}, "
+          f"direct{', profile' if args.profile else ''}; clients {args.levels}, {args.warmup:g} s + "
+          f"{args.duration:g} s per row: {rows_planned} rows, about "
+          f"{(rows_planned * (args.warmup + args.duration) + 15 + 8 * rows_planned) / 60:.0f} min; output in {out}",
+          flush=True)
+
+    from tools.standin_repo import write_standin_repo
+
+    repo = write_standin_repo(out / "standin_repo")
+    input_name, dims, output_name, classes = model_interface(repo)
+    labels = repo / MODEL / "labels.txt"
+    model_pt = near_free_torchscript(out / "models" / "near_free_classifier.pt", dims, classes)
+    notes = [f"The model: {repo / MODEL} (tools/standin_repo.py: a numpy python-backend stand-in with resnet50's "
+             f"interface, {input_name} FP32 {dims} -> {output_name} FP32 [{classes}]) for the shim and direct rows; "
+             f"{model_pt} (the same sums, as scripted torch) for the legacy front."]
+    work = Path(tempfile.mkdtemp(prefix="shim-bench-front-"))
+    machine = stack.machine_info()
+    profile: dict[str, Any] | None = None
+    with LoadGenerator(args.loadgen_processes) as loadgen:
+        front = FrontRun(args, out, loadgen, stopper)
+        try:
+            front.measure_floor(processes)
+            if not False:
+                with legacy_front(out, model_pt, labels, args.legacy_workers, args.legacy_threads,
+                                  front.run.stopper) as served:
+                    front.measure("legacy-front", "legacy", f"legacy front, gunicorn {args.legacy_workers}x"
+                                  f"{args.legacy_threads}",
+                                  f"examples/legacy_app.py under gunicorn, {args.legacy_workers} workers x "
+                                  f"{args.legacy_threads} threads, the near-free TorchScript model in-process "
+                                  "(torchvision transforms, softmax, top 5)",
+                                  served.url, front.run.predict_requests(served.url), b'"predictions"',
+                                  {"legacy": (served.process.pid,)})
+            print("starting Triton (the near-free stand-in repository) ...", flush=True)
+            triton = stack.start_triton(repo, work / "triton")
+            try:
+                tpid = triton_pid(triton)
+                served_config = front.run.served_config("front", triton.http_url)
+                for transport in args.transports:
+                    with shim_front(out, triton.http_url, labels, transport, args.shim_workers,
+                                    args.shim_threads, front.run.stopper) as served:
+                        reported = reported_transport(served.url)
+                        print(f"  the shim reports transport: {reported}", flush=True)
+                        front.measure(f"shim-{transport}", "shim", f"shim [{transport}]",
+                                      f"the shim ({args.shim_workers} workers x {args.shim_threads} threads, "
+                                      f"SHIM_TRANSPORT={transport}, reports {reported}) -> Triton: {served_config}",
+                                      served.url, front.run.predict_requests(served.url), b'"predictions"',
+                                      {"shim": (served.process.pid,), "triton": (tpid,)}, transport=transport,
+                                      shim_metrics=served.url + "/metrics", triton_metrics=triton.metrics_url,
+                                      extra={"transport_reported": reported})
+                front.measure("direct-front", "direct", "direct tritonclient -> Triton",
+                              f"ready-made FP32 [1,{','.join(map(str, dims))}] binary-tensor requests straight to "
+                              f"Triton: {served_config}", f"http://{triton.http_url}",
+                              front.run.infer_requests(triton.http_url), b'"outputs"', {"triton": (tpid,)},
+                              triton_metrics=triton.metrics_url)
+                if args.profile:
+                    level = max(args.levels)
+                    shims = [r for r in front.rows if r["kind"] == "shim" and r["concurrency"] == level]
+                    best = max(shims, key=lambda r: r["qps"])["transport"] if shims else args.transports[0]
+                    print(f"profiling one shim worker, transport {best} (the best by throughput) ...", flush=True)
+                    with shim_front(out, triton.http_url, labels, best, args.shim_workers,
+                                    args.shim_threads, front.run.stopper) as served:
+                        profile = profile_row(front, served, tpid, best)
+            finally:
+                def stop_triton() -> None:
+                    triton.stop()
+                    with contextlib.suppress(OSError):
+                        shutil.copy(triton.log_path, out / "logs" / "tritonserver-front.log")
+
+                front.run.stopper.later(stop_triton)
+        finally:
+            front.run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after Triton, which uses it
+            front.close()
+
+    if front.run.triton_server:
+        machine["triton_server"] = {k: front.run.triton_server.get(k) for k in ("name", "version")}
+    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if usable <= 4:
+        notes.append(f"Only {usable} CPU cores: the load generator, the server under test and Triton share them; "
+                     "read ratios measured in one run, not absolutes.")
+    notes.append("A shim that does not know SHIM_TRANSPORT ignores it: its rows then all run its one transport, "
+                 "and 'reports' says unknown.")
+    report = {
+        "mode": "frontend",
+        "command": command,
+        "started": stamp.isoformat(timespec="seconds"),
+        "elapsed_s": time.monotonic() - started,
+        "machine": machine,
+        "model": {"name": MODEL, "repository": str(repo), "legacy_model": str(model_pt),
+                  "description": f"near-free (a stand-in with resnet50's interface: {input_name} FP32 {dims} -> "
+                                 f"{output_name} FP32 [{classes}], one pass over the input)"},
+        "settings": {"warmup_s": args.warmup, "duration_s": args.duration, "concurrency": args.levels,
+                     "images": IMAGES, "image_size": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}", "timeout_s": args.timeout,
+                     "quick": args.quick, "loadgen_processes": args.loadgen_processes,
+                     "floor_processes": processes, "transports": list(args.transports),
+                     "shim_workers": args.shim_workers, "shim_threads": args.shim_threads,
+                     "legacy_workers": args.legacy_workers, "legacy_threads": args.legacy_threads},
+        "configurations": front.configurations,
+        "triton_configs": front.run.triton_configs,
+        "results": front.rows,
+        "ratios": front_ratios(front.rows),
+        "profile": profile,
+        "notes": notes,
+    }
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    (out / "results.md").write_text(front_markdown(report))
+    print()
+    print((out / "results.md").read_text())
+    errors = sum(r["errors"] + r.get("warmup_errors", 0) for r in front.rows)
+    print(f"written: {out / 'results.json'}, {out / 'results.md'}, {out / 'requests.csv'} "
+          f"({time.monotonic() - started:.0f} s)")
+    if errors:
+        print(f"{errors} requests failed: see the table and {out / 'logs'}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,143 @@
+"""py-spy on one shim worker over a measured window: the functions that take its time, by own and total share.
+
+py-spy (`pip install py-spy`, in the dev extra) samples the worker's Python stacks from outside, 100 times a
+second, without changing its code: `py-spy record --pid P --duration S --full-filenames --format raw` writes
+one line per distinct stack, `frame;frame;...;leaf count`, each frame `function (file:line)`.
+
+py-spy leaves out threads it sees idle, but a thread blocked in a C call made from Python (a queue's get,
+a Condition's wait, select, the gevent hub's loop) often still looks busy to it. So each sample's leaf line
+is read from the source: a leaf at a blocking call (BLOCKING) is a thread waiting, not working; those samples
+are counted apart and the shares below are of the working samples. `own` is the share of working samples
+where the function was the leaf (its own code and the C calls it made: Pillow's decoder, numpy), `total`
+the share where it was anywhere on the stack (each sample counted once), per function.
+
+A second py-spy records the same worker at the same time with `--gil --nonblocking`: only the thread that
+holds the GIL, which is the Python work that the worker's threads must take turns at. Its samples over
+the window's length say how much of the time the GIL was held at all (near 100 %: the worker is bound by
+its GIL, and more threads cannot help it; more processes can).
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+RATE = 100  # samples per second (py-spy's default)
+# A leaf frame whose line makes one of these calls is a thread waiting for something (its C call blocks).
+# `with self._lock:` (a bare name, no call) is a lock or condition being acquired.
+BLOCKING = re.compile(r"\.(get|wait|wait_for|acquire|select|poll|recv|recv_into|recvfrom|accept|join|sleep)\("
+                      r"|\b(sleep|select|wait)\(|\bloop\.run\(|^\s*with\s+[\w.]+:\s*$")
+# Frames every thread has: 100 % of the samples by construction, left out of the ranking by total time.
+BOOTSTRAP = {"Thread._bootstrap (threading.py)", "Thread._bootstrap_inner (threading.py)",
+             "Thread.run (threading.py)"}
+FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
+
+
+def py_spy() -> str | None:
+    """The py-spy next to this interpreter (the virtualenv's), else one on PATH."""
+    local = Path(sys.executable).with_name("py-spy")
+    return str(local) if local.is_file() else shutil.which("py-spy")
+
+
+def start(pid: int, seconds: float, raw: Path, gil: bool = False) -> subprocess.Popen[bytes]:
+    """Start recording `pid` for `seconds` into `raw` (py-spy's raw format); finish() waits for it. gil: only the
+    thread holding the GIL, read without pausing the worker (a second recorder beside the pausing one)."""
+    binary = py_spy()
+    if binary is None:
+        raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy (it is in the dev extra)")
+    cmd = [binary, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", str(RATE),
+           "--full-filenames", "--format", "raw", "--output", str(raw)]
+    if gil:
+        cmd += ["--gil", "--nonblocking"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def parse_raw(text: str) -> tuple[Counter[tuple[str, ...]], int]:
+    """py-spy's raw lines -> ({stack (root first): samples}, total samples)."""
+    stacks: Counter[tuple[str, ...]] = Counter()
+    for line in text.splitlines():
+        stack, _, count = line.rstrip().rpartition(" ")
+        if stack and count.isdigit():
+            stacks[tuple(stack.split(";"))] += int(count)
+    return stacks, sum(stacks.values())
+
+
+def short_file(file: str) -> str:
+    """A path as its package sees it: '.../site-packages/PIL/Image.py' -> 'PIL/Image.py',
+    '.../lib/python3.11/threading.py' -> 'threading.py', '<root>/app/service.py' -> 'app/service.py'."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in file:
+            return file.rsplit(marker, 1)[1]
+    if match := re.search(r"/lib/python3\.\d+/(.*)$", file):
+        return match.group(1)
+    for top in ("/app/", "/bench/", "/tools/", "/examples/"):
+        if top in file:
+            return top.strip("/") + "/" + file.rsplit(top, 1)[1]
+    return file
+
+
+def function_of(frame: str) -> str:
+    """'decode (/x/app/preprocess.py:62)' -> 'decode (app/preprocess.py)': one entry per function."""
+    match = FRAME.match(frame)
+    if not match:
+        return frame
+    return f"{match['function']} ({short_file(match['file'])})"
+
+
+def is_waiting(leaf: str) -> bool:
+    """Whether the leaf frame's source line is a blocking call (read from the file py-spy named)."""
+    match = FRAME.match(leaf)
+    if not match or not match["line"]:
+        return False
+    return bool(BLOCKING.search(linecache.getline(match["file"], int(match["line"]))))
+
+
+def top(stacks: Counter[tuple[str, ...]], limit: int = 15, skip_waiting: bool = True) -> dict[str, Any]:
+    """The `limit` functions with the most own samples and with the most total samples, of the working samples
+    (all samples with skip_waiting=False: the GIL holder is never blocked)."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    waiting: Counter[str] = Counter()
+    for stack, count in stacks.items():
+        if skip_waiting and is_waiting(stack[-1]):
+            waiting[function_of(stack[-1])] += count
+            continue
+        frames = [function_of(f) for f in stack]
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    working = sum(own.values())
+
+    def entry(f: str) -> dict[str, Any]:
+        return {"function": f, "own_pct": 100 * own[f] / working, "total_pct": 100 * inclusive[f] / working}
+
+    def ranked(counts: Counter[str]) -> list[str]:  # most first; ties by name, so the order is stable
+        return [f for f, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if f not in BOOTSTRAP]
+
+    return {
+        "working_samples": working,
+        "waiting_samples": sum(waiting.values()),
+        "waiting_in": [{"function": f, "samples": n} for f, n in waiting.most_common(5)],
+        "by_own": [entry(f) for f in ranked(own)[:limit]] if working else [],
+        "by_total": [entry(f) for f in ranked(inclusive)[:limit]] if working else [],
+    }
+
+
+def finish(process: subprocess.Popen[bytes], raw: Path, seconds: float, gil: bool = False,
+           limit: int = 15) -> dict[str, Any]:
+    """Wait for one py-spy and summarise what it wrote."""
+    output, _ = process.communicate(timeout=seconds + 60)
+    log = output.decode(errors="replace").strip()
+    if process.returncode != 0 or not raw.is_file():
+        return {"error": f"py-spy exited {process.returncode}: {log[-2000:]}"}
+    stacks, samples = parse_raw(raw.read_text())
+    out = {"samples": samples, "stacks": len(stacks), "raw": str(raw), "top": top(stacks, limit, not gil)}
+    if gil:
+        out["held_pct"] = 100 * samples / (RATE * seconds)
+    return out
