@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 
+from app.logs import gunicorn_logconfig
 from app.settings import Settings, SettingsError
 
 try:
@@ -30,6 +31,7 @@ keepalive = 5
 accesslog = None  # the app logs every /predict as one JSON line with its request ID
 errorlog = "-"
 loglevel = _settings.log_level.lower()
+logconfig_dict = gunicorn_logconfig(_settings.log_level)  # every line JSON: gunicorn's own and warnings too
 control_socket_disable = True  # gunicorn >= 25: several shims on one host would share one socket
 
 # Folders made for this run only, removed when gunicorn exits.

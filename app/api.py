@@ -70,6 +70,11 @@ def predict() -> Response:
     content_type = request.headers.get("Content-Type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise MissingImage()  # the contract's answer to a JSON or raw body; its bytes are never read
+    with shim().admission.admit():  # a full worker refuses at once: 503 + Retry-After
+        return _predict(content_type)
+
+
+def _predict(content_type: str) -> Response:
     data = image_from_form(request.get_data(cache=False), content_type, contract.IMAGE_FIELD,
                            max_parts=current_app.config["MAX_FORM_PARTS"],
                            max_field_bytes=current_app.config["MAX_FORM_MEMORY_SIZE"])
@@ -150,7 +155,7 @@ def prometheus_metrics() -> Response:
 
 @bp.app_errorhandler(ShimError)
 def _shim_error(e: ShimError) -> tuple[Response, int]:
-    level = logging.WARNING if e.status >= 500 else logging.INFO
+    level = logging.WARNING if e.status >= 500 and not e.quiet else logging.INFO
     log.log(level, "%s: %s", e.code, e.message, extra={"status": e.status, "error": e.code})
     response = jsonify(contract.error_body(e.code, e.message))
     response.headers.update(e.headers())

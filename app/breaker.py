@@ -6,10 +6,12 @@ Triton call at a time per worker and defeat batching; `circuitbreaker` takes no 
 (fabfuel/circuitbreaker#61). This one locks only its own state:
 
   closed     calls pass; `failures` consecutive failures open the circuit
-  open       calls are refused for `reset_s`, or until probe_now() says the backend is back
+  open       calls are refused for `reset_s`, or until the backend answers a health check (probe_now)
   half-open  one probe call passes; its success closes the circuit, its failure opens it again
 
-Time comes from `clock` (time.monotonic unless a test passes its own).
+While the circuit is open, a background thread asks `health` every `health_interval_s` (a readiness
+check with its own short timeouts), so that a backend that comes back is used again within about a
+second, not after the whole cool-down. Time comes from `clock` (time.monotonic unless a test passes its own).
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ Clock = Callable[[], float]
 class CircuitBreaker:
     CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
-    def __init__(self, name: str, *, failures: int, reset_s: float, clock: Clock = time.monotonic) -> None:
+    def __init__(self, name: str, *, failures: int, reset_s: float, clock: Clock = time.monotonic,
+                 health: Callable[[], bool] | None = None, health_interval_s: float = 0.5) -> None:
         self.name = name
+        self._health = health
+        self._health_interval_s = health_interval_s
+        self._watcher: threading.Thread | None = None
         self._max_failures = failures
         self._reset_s = reset_s
         self._clock = clock
@@ -89,3 +95,25 @@ class CircuitBreaker:
                 log.warning("circuit to %s opened after %d consecutive failures; next probe in %.0f s",
                             self.name, self._failures, self._reset_s)
                 metrics.CIRCUIT_OPEN.labels(self.name).set(1)
+                self._watch()
+
+    def _watch(self) -> None:
+        """Start the health watcher unless one runs (called with the lock held)."""
+        if self._health is None or (self._watcher is not None and self._watcher.is_alive()):
+            return
+        self._watcher = threading.Thread(target=self._watch_health, name=f"breaker-{self.name}", daemon=True)
+        self._watcher.start()
+
+    def _watch_health(self) -> None:
+        assert self._health is not None
+        stop = threading.Event()
+        while self.state == self.OPEN and not stop.wait(self._health_interval_s):
+            try:
+                healthy = self._health()
+            except Exception:  # the watcher's outermost frame: a failing check is a "not yet"
+                log.exception("the health check of %s failed", self.name)
+                healthy = False
+            if healthy:
+                log.info("%s answers its health check again: the next call probes it", self.name)
+                self.probe_now()
+                return

@@ -29,6 +29,7 @@ class ShimError(Exception):
     status: int = 500
     code: str = "internal_error"
     default_message: str = "internal error"
+    quiet: bool = False  # expected under load and counted in a metric: logged at INFO, not WARNING
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or self.default_message)
@@ -104,6 +105,7 @@ class Overloaded(ShimError):
     status = 503
     code = "overloaded"
     default_message = "the service is at capacity; retry later"
+    quiet = True
 
     def __init__(self, message: str | None = None, *, retry_after_s: int = 1) -> None:
         super().__init__(message)

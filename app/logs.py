@@ -32,10 +32,27 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: str) -> None:
-    """JSON lines on stderr for the root logger; idempotent (create_app may run more than once)."""
+    """JSON lines on stderr for the root logger, warnings included; idempotent (create_app may run again)."""
     root = logging.getLogger()
     root.setLevel(level.upper())
     if not any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
         root.addHandler(handler)
+    logging.captureWarnings(True)  # torch's, Pillow's: through the same JSON handler, not as plain text
+
+
+def gunicorn_logconfig(level: str) -> dict[str, Any]:
+    """gunicorn's logconfig_dict: its own lines (master and workers) as JSON too, on stderr."""
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    logger = {"level": level.upper(), "handlers": ["json"], "propagate": False}
+    # No access log: the app writes one line per /predict with its request ID; probes would be noise.
+    access = {**logger, "level": "WARNING"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {"json": handler},
+        "loggers": {"gunicorn.error": logger, "gunicorn.access": access, "py.warnings": logger},
+        "root": {"level": level.upper(), "handlers": ["json"]},
+    }

@@ -29,6 +29,9 @@ BATCH_SIZE = Histogram(
     buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
 BACKEND_ERRORS = Counter(
     "shim_backend_errors", "Requests whose backend call failed, by backend and error code", ["backend", "code"])
+REJECTED = Counter(
+    "shim_rejected_requests", "POST /predict requests refused before any work, by reason (overloaded: the "
+    "worker held SHIM_MAX_PENDING requests)", ["reason"])
 FALLBACKS = Counter(
     "shim_fallbacks", "Requests answered by legacy because Triton could not answer, by reason", ["reason"])
 ROLLBACKS = Counter(
@@ -62,6 +65,7 @@ def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
     """Create every known label set at zero, so that dashboards and alerts see a series from the start."""
     for reason in FALLBACK_REASONS:
         FALLBACKS.labels(reason)
+    REJECTED.labels("overloaded")
     for result in SHADOW_RESULTS:
         SHADOW_COMPARISONS.labels(result)
     for backend in backends:

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app import metrics, preprocess
+from app.admission import Admission
 from app.backends.base import FP32
 from app.batching import Upstream
 from app.contract import Prediction
@@ -50,21 +51,23 @@ def top_k(logits: npt.NDArray[np.float32], labels: tuple[str, ...], k: int) -> l
 
 class PredictService:
     def __init__(self, *, model_name: str, spec: preprocess.ImageSpec, labels: tuple[str, ...], top_k: int,
-                 router: Router, upstream: Upstream) -> None:
+                 router: Router, upstream: Upstream, admission: Admission) -> None:
         self.model_name = model_name
         self._spec = spec
         self._labels = labels
         self._k = top_k
         self._router = router
         self._upstream = upstream
+        self._admission = admission
 
     def predict(self, data: bytes, ctx: RequestContext) -> Answer:
         with self._upstream.on_the_way() as arrived:  # a batch may wait for this request while it decodes
             decision = self._router.decide(ctx)
             stage = _Stages(decision.backend)
-            image = stage("decode", lambda: preprocess.decode(data, self._spec))
-            fp32 = self._router.input_kind(decision) == FP32  # else the backend normalises the pixels itself
-            prepared = stage("preprocess", lambda: preprocess.prepare(image, self._spec, fp32=fp32))
+            with self._admission.turn():  # CPU work in arrival order
+                image = stage("decode", lambda: preprocess.decode(data, self._spec))
+                fp32 = self._router.input_kind(decision) == FP32  # else the backend normalises the pixels itself
+                prepared = stage("preprocess", lambda: preprocess.prepare(image, self._spec, fp32=fp32))
             arrived()
         routed = self._router.infer(prepared, ctx, decision)  # queue and infer are timed by the batcher
         predictions = stage("postprocess", lambda: top_k(routed.logits, self._labels, self._k))

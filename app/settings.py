@@ -80,7 +80,12 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 5000
     workers: int = 2
-    threads: int = 8
+    threads: int = 40  # gunicorn threads per worker: more than max_pending, so health checks always find one
+    # /predict requests a worker holds at once; one more gets 503 + Retry-After. Per worker, and the kernel
+    # spreads keep-alive connections over workers unevenly: leave room for a worker's more-than-fair share.
+    max_pending: int = 32
+    decode_slots: int = 2  # requests of a worker that decode and preprocess at once, in arrival order
+    retry_after_s: int = 1  # what the 503 of a full worker tells clients to wait
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -105,12 +110,15 @@ class Settings:
         _check(0 <= self.batch_delay_ms <= 1000, "batch_delay_ms", self.batch_delay_ms, "0 to 1000")
         for name, low, high in [("max_batch_size", 1, 1024), ("batch_senders", 1, 64), ("top_k", 1, 1000),
                                 ("port", 1, 65535), ("workers", 1, 256), ("threads", 1, 1024),
+                                ("max_pending", 1, 1024), ("decode_slots", 1, 256), ("retry_after_s", 1, 3600),
                                 ("legacy_threads", 0, 1024), ("max_image_pixels", 1, 1 << 31),
                                 ("canary_percent", 0, 100), ("shadow_percent", 0, 100),
                                 ("shadow_max_inflight", 1, 256), ("shadow_log_per_minute", 0, 10000),
                                 ("breaker_failures", 1, 10000), ("rollback_min_requests", 1, 1 << 20)]:
             value = getattr(self, name)
             _check(low <= value <= high, name, value, f"a whole number from {low} to {high}")
+        _check(self.threads >= self.max_pending + 2, "threads", self.threads,
+               f"at least SHIM_MAX_PENDING + 2 = {self.max_pending + 2}, so that health checks always find a thread")
         _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level", self.log_level,
                "DEBUG, INFO, WARNING or ERROR")
 

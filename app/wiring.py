@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app import metrics
+from app.admission import Admission
 from app.backends.base import Backend
 from app.batching import Batcher, Upstream
 from app.breaker import CircuitBreaker
@@ -23,6 +24,7 @@ class Shim:
     settings: Settings
     service: PredictService
     router: Router
+    admission: Admission
 
     def close(self) -> None:
         self.router.close()
@@ -60,7 +62,9 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
         # In-process torch already uses every core for one batch: one sender.
         LEGACY: Batcher(chosen[LEGACY], upstream, max_delay_s=delay_s, senders=1),
     }
-    breaker = CircuitBreaker(TRITON, failures=settings.breaker_failures, reset_s=settings.breaker_reset_s)
+    triton_backend = chosen[TRITON]
+    breaker = CircuitBreaker(TRITON, failures=settings.breaker_failures, reset_s=settings.breaker_reset_s,
+                             health=lambda: triton_backend.ready().ready)
     shadow = ShadowRunner(batchers[TRITON], breaker, max_inflight=settings.shadow_max_inflight,
                           timeout_s=settings.shadow_timeout_s, tolerance=settings.shadow_tolerance,
                           top_k=settings.top_k, logs_per_minute=settings.shadow_log_per_minute)
@@ -73,6 +77,8 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
                     timeout_s=settings.triton_timeout_s, rollback=rollback)
     if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
         chosen[LEGACY].start()  # load now, in the background, rather than on the first request
+    admission = Admission(max_pending=settings.max_pending, slots=settings.decode_slots,
+                          retry_after_s=settings.retry_after_s)
     service = PredictService(model_name=settings.model_name, spec=spec, labels=labels, top_k=settings.top_k,
-                             router=router, upstream=upstream)
-    return Shim(settings=settings, service=service, router=router)
+                             router=router, upstream=upstream, admission=admission)
+    return Shim(settings=settings, service=service, router=router, admission=admission)

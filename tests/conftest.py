@@ -104,9 +104,9 @@ def reference_model(test_model_pt: Path) -> object:
 
 
 def start_shim(tmp: Path, *, triton_url: str, repo: Path, model_pt: Path, **settings: object) -> ServedApp:
-    """The shim under gunicorn, as `make run` starts it, with 2 workers x 8 threads unless told otherwise."""
+    """The shim under gunicorn, as `make run` starts it (2 workers, its default threads) unless told otherwise."""
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"),
-           "SHIM_LEGACY_MODEL_PATH": str(model_pt), "SHIM_WORKERS": "2", "SHIM_THREADS": "8",
+           "SHIM_LEGACY_MODEL_PATH": str(model_pt), "SHIM_WORKERS": "2",
            "SHIM_TRITON_TIMEOUT_S": "10"}
     env.update({f"SHIM_{k.upper()}": str(v) for k, v in settings.items()})
     return launch.start_shim(tmp, env)

@@ -33,7 +33,9 @@ class ServedApp:
             wait_for_http(self.url + path, timeout_s, status=status, what=f"{self.name}: {path} to answer {status}",
                           give_up=exited)
         except WaitTimeout as e:
-            raise AssertionError(f"{e}:\n{self.log()}") from None
+            log = self.log()
+            self.stop()
+            raise AssertionError(f"{e}:\n{log}") from None
         return self
 
     def log(self) -> str:

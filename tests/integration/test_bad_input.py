@@ -59,3 +59,73 @@ def test_bad_input_is_refused_with_a_4xx_and_the_shim_still_answers(shim_triton:
     assert requests.get(shim.url + "/readyz", timeout=10).status_code == 200
     assert "Traceback" not in shim.log(), "an error escaped to the log as a traceback"
     assert len(seen) == len(nasty_uploads())
+
+
+def raw_exchange(shim: ServedApp, head: bytes, body_chunks: list[bytes] = (), timeout_s: float = 30) -> bytes:  # type: ignore[assignment]
+    """Send `head`, read what comes back while sending `body_chunks`; return everything the server said."""
+    import socket
+
+    received = b""
+    with socket.create_connection(("127.0.0.1", shim.port), timeout=timeout_s) as sock:
+        sock.sendall(head)
+        for chunk in body_chunks:
+            try:
+                sock.sendall(chunk)
+            except OSError:  # the server answered and closed: that is the point of some of these
+                break
+        try:
+            if body_chunks:
+                sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # closed by the server already
+        try:
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                received += data
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return received
+
+
+def status_and_body(raw: bytes) -> tuple[int, dict]:
+    import json
+
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(body[: body.index(b"}") + 1] if b"}" in body else b"{}")
+
+
+def test_a_declared_oversize_upload_gets_413_before_its_body_is_sent(shim_triton: ServedApp) -> None:
+    head = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            b"Content-Length: 200000000\r\n\r\n")
+    status, body = status_and_body(raw_exchange(shim_triton, head))  # not one byte of the body is sent
+    assert status == 413 and body["error"] == "too_large" and "200,000,000 bytes declared" in body["message"]
+
+
+@pytest.mark.parametrize("chunks", [
+    [b"zz\r\nhello\r\n"],  # not a chunk size
+    [b"5\r\nhello"],  # a chunk that never ends
+    [b"5\r\nhelloXX0\r\n\r\n"],  # no CRLF after the chunk
+], ids=["bad size", "truncated", "no terminator"])
+def test_a_broken_chunked_body_is_400_never_500(shim_triton: ServedApp, chunks: list[bytes]) -> None:
+    for path in (b"/predict", b"/healthz"):
+        method = b"POST" if path == b"/predict" else b"GET"
+        head = (method + b" " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+        raw = raw_exchange(shim_triton, head, chunks, timeout_s=20)
+        status, body = status_and_body(raw)
+        assert status in ((400,) if path == b"/predict" else (200, 400)), raw[:300]
+        if status == 400:
+            assert body["error"] in ("invalid_body", "bad_request"), body
+    assert "Traceback" not in shim_triton.log() and "internal_error" not in shim_triton.log()
+
+
+def test_a_chunked_upload_over_the_limit_stops_at_the_limit(shim_triton: ServedApp) -> None:
+    head = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    block = b"100000\r\n" + b"\0" * 0x100000 + b"\r\n"  # 1 MiB chunks
+    raw = raw_exchange(shim_triton, head, [block] * 64, timeout_s=60)  # 64 MiB offered, the limit is 16
+    status, body = status_and_body(raw)
+    assert status == 413 and body["error"] == "too_large" and "went past the limit" in body["message"], raw[:300]

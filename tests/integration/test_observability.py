@@ -189,3 +189,16 @@ def test_a_client_request_id_comes_back_and_is_in_the_log_line_of_its_request(sh
     lines = [line for line in log_lines(shim_triton) if line.get("request_id") == request_id]
     assert [line["message"] for line in lines] == ["POST /predict 200"], lines
     assert lines[0]["status"] == 200 and isinstance(lines[0]["pid"], int)
+
+
+@pytest.mark.triton
+def test_every_line_the_shim_writes_is_json_gunicorns_and_warnings_included(shim_legacy: ServedApp,
+                                                                             shim_triton: ServedApp) -> None:
+    loggers = set()
+    for served in (shim_legacy, shim_triton):
+        for line in served.log_path.read_text().splitlines():
+            entry = json.loads(line)  # a plain-text line fails here
+            assert {"ts", "level", "logger", "message", "pid"} <= set(entry), entry
+            loggers.add(entry["logger"])
+    assert "gunicorn.error" in loggers, loggers  # the master's and workers' own lines
+    assert "py.warnings" in loggers, loggers  # torch's FutureWarning when the legacy model loads

@@ -1,0 +1,99 @@
+"""Admission control: a full worker refuses at once, health never waits, CPU work goes in arrival order."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.admission import Admission
+from app.breaker import CircuitBreaker
+from app.errors import Overloaded
+from tests.support import FakeClock, wait_until
+from tests.unit.test_api import make_app
+
+
+def test_a_full_worker_refuses_at_once_with_retry_after(tmp_path: Path) -> None:
+    app = make_app(tmp_path, max_pending=2, threads=8, retry_after_s=3)
+    app.triton.hang.set()  # the admitted requests wait for Triton
+    answers: list[int] = []
+    held = [threading.Thread(target=lambda: answers.append(app.predict().status_code)) for _ in range(2)]
+    for t in held:
+        t.start()
+    wait_until(lambda: app.flask.extensions["shim"].admission.pending == 2, 10, "two requests held")
+    refused = app.predict()
+    assert refused.status_code == 503 and refused.headers["Retry-After"] == "3"
+    assert refused.json["error"] == "overloaded" and set(refused.json) == {"error", "message"}
+    assert app.client.get("/healthz").status_code == 200  # health answers while the worker is full
+    assert app.client.get("/readyz").status_code == 503  # (Triton hangs: not ready, but it answers)
+    app.triton.hang.clear()
+    for t in held:
+        t.join(timeout=30)
+    assert answers == [200, 200]
+    assert app.predict().status_code == 200, "room again once they are answered"
+    app.flask.extensions["shim"].close()
+
+
+def test_cpu_turns_are_handed_out_in_arrival_order() -> None:
+    admission = Admission(max_pending=10, slots=1, retry_after_s=1)
+    order: list[int] = []
+    release = threading.Event()
+
+    def first() -> None:
+        with admission.turn():
+            release.wait(10)
+            order.append(0)
+
+    def later(i: int) -> None:
+        with admission.turn():
+            order.append(i)
+
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    wait_until(lambda: admission._working == 1, 5, "the first turn")
+    for i in range(1, 6):  # each waits behind the ones before it
+        threads.append(threading.Thread(target=later, args=(i,)))
+        threads[-1].start()
+        wait_until(lambda n=i: len(admission._waiting) == n, 5, f"request {i} to queue")
+    release.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert order == [0, 1, 2, 3, 4, 5]
+    assert admission._working == 0 and not admission._waiting
+
+
+def test_admit_counts_and_refuses_beyond_the_bound() -> None:
+    admission = Admission(max_pending=1, slots=1, retry_after_s=2)
+    with admission.admit():
+        with pytest.raises(Overloaded) as refused, admission.admit():
+            pass
+        assert refused.value.headers() == {"Retry-After": "2"}
+    with admission.admit():
+        assert admission.pending == 1
+
+
+def test_settings_keep_threads_for_health_checks() -> None:
+    from app.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match=r"SHIM_THREADS=12 is not valid: expected at least SHIM_MAX_PENDING \+ 2"):
+        Settings(max_pending=12, threads=12)
+
+
+def test_an_open_circuit_probes_as_soon_as_the_backend_answers_its_health_check() -> None:
+    healthy = threading.Event()
+    calls: list[bool] = []
+
+    def health() -> bool:
+        calls.append(healthy.is_set())
+        return healthy.is_set()
+
+    breaker = CircuitBreaker("fake", failures=1, reset_s=3600, clock=FakeClock(), health=health,
+                             health_interval_s=0.01)
+    breaker.record_failure()
+    assert breaker.state == "open"
+    wait_until(lambda: len(calls) >= 3, 10, "a few health checks while it is down")
+    assert breaker.state == "open", "not healthy yet: still open"
+    healthy.set()
+    wait_until(lambda: breaker.state == "half_open", 10, "the circuit to let a probe through")
+    assert breaker.allow() and not breaker.allow()
