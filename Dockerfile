@@ -1,8 +1,11 @@
-# syntax=docker/dockerfile:1
 # The shim's image: Flask + gunicorn + tritonclient, forwarding /predict to Triton. Non-root, no compilers.
 #
 #   docker build -t flask-triton-shim .                                        # WITH_LEGACY=0, the default
 #   docker build --build-arg WITH_LEGACY=1 -t flask-triton-shim:legacy .
+#   docker build --build-arg WHEELHOUSE=wheelhouse/shim -t flask-triton-shim .   # offline: wheelhouse/README.md
+#
+# No `# syntax=` line: it makes BuildKit pull a frontend image from Docker Hub before building, which fails
+# behind a firewall or a registry mirror that lacks it; the frontend built into the engine reads this file.
 #
 # WITH_LEGACY=0 (default) installs what SHIM_MODE=triton needs and nothing else: once the migration is
 # done the shim only forwards to Triton, and torch would be ~1 GB of dead weight, even as a CPU build.
@@ -17,20 +20,28 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ARG WITH_LEGACY=0
+# Empty (the default): packages come from PyPI. A folder of the build context (wheelhouse/shim): they come
+# from that folder alone, with no network at all (`pip download` fills it; see wheelhouse/README.md).
+ARG WHEELHOUSE=
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY app ./app
+# COPY needs a source that exists: without a wheelhouse this copies its README, which pip ignores. Only
+# this build stage sees the wheels; the runtime stage below takes the virtualenv alone.
+COPY ${WHEELHOUSE:-wheelhouse/README.md} /wheelhouse/
 # One virtualenv, copied whole into the runtime stage (no pip, cache or build files left behind there).
 # With WITH_LEGACY=1, PyTorch's CPU index is an extra index: for the versions pinned in pyproject.toml pip
 # then takes its "+cpu" wheels (they sort above PyPI's CUDA builds of the same version), ~200 MB instead
-# of several GB of CUDA libraries the shim never uses.
+# of several GB of CUDA libraries the shim never uses. With a wheelhouse, --no-index wins over both
+# indexes: download the "+cpu" wheels into it (wheelhouse/README.md).
 RUN python -m venv /opt/shim \
  && if [ "$WITH_LEGACY" = "1" ]; then \
-      /opt/shim/bin/pip install --extra-index-url https://download.pytorch.org/whl/cpu ".[legacy]"; \
+      /opt/shim/bin/pip install ${WHEELHOUSE:+--no-index --find-links /wheelhouse} \
+        --extra-index-url https://download.pytorch.org/whl/cpu ".[legacy]"; \
     else \
-      /opt/shim/bin/pip install .; \
+      /opt/shim/bin/pip install ${WHEELHOUSE:+--no-index --find-links /wheelhouse} .; \
     fi
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -80,10 +80,10 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 5000
     workers: int = 2
-    threads: int = 40  # gunicorn threads per worker: more than max_pending, so health checks always find one
+    threads: int = 72  # gunicorn threads per worker: more than max_pending, so health checks always find one
     # /predict requests a worker holds at once; one more gets 503 + Retry-After. Per worker, and the kernel
     # spreads keep-alive connections over workers unevenly: leave room for a worker's more-than-fair share.
-    max_pending: int = 32
+    max_pending: int = 64
     decode_slots: int = 2  # requests of a worker that decode and preprocess at once, in arrival order
     retry_after_s: int = 1  # what the 503 of a full worker tells clients to wait
     log_level: str = "INFO"

@@ -48,6 +48,9 @@ class Job:
     # Process trees whose CPU time this process reads from /proc when the window opens and closes:
     # ((group name, (root pid, ...)), ...); see bench/cpu.py. Only one of several processes gets it.
     watch: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # Local addresses the clients connect from, client i from sources[i % len(sources)]: several loopback
+    # addresses (127.0.0.0/8) look like several hosts to a server that limits per address. Empty: any.
+    sources: tuple[str, ...] = ()
 
 
 @dataclass
@@ -148,7 +151,9 @@ async def run_job(job: Job, progress: Any | None = None) -> Outcome:
             try:
                 async with asyncio.timeout(job.timeout_s):
                     if writer is None:
-                        reader, writer = await asyncio.open_connection(job.host, job.port)
+                        source = job.sources[index % len(job.sources)] if job.sources else None
+                        reader, writer = await asyncio.open_connection(
+                            job.host, job.port, local_addr=(source, 0) if source else None)
                         sock = writer.get_extra_info("socket")
                         if sock is not None:
                             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # Triton for docker-compose.yml and deploy/k8s: NVIDIA's image plus Pillow for the `preprocess` model
 # (triton_repo/preprocess/1/model.py; numpy is already in the image, torch is not needed).
 #
@@ -8,12 +7,21 @@
 # writes version 3 for ResNets (tests/test_deploy.py checks that too).
 #
 #   docker build -f docker/triton.Dockerfile -t flask-triton-shim/triton:24.10 .
+#
+# No `# syntax=` line: it makes BuildKit pull a frontend image from Docker Hub before building, which fails
+# behind a firewall or a registry mirror that lacks it; the frontend built into the engine reads this file.
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 FROM ${TRITON_IMAGE}
 # The python backend runs models with the image's system python3; newer bases mark it externally managed.
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_BREAK_SYSTEM_PACKAGES=1
-RUN python3 -m pip install --no-cache-dir "pillow==11.0.0"
+# Empty (the default): Pillow comes from PyPI. A folder of the build context (wheelhouse/triton): from that
+# folder alone, no network (wheelhouse/README.md). COPY needs a source that exists: without a wheelhouse
+# it copies the README. The copied wheels stay in that layer (Pillow's is about 4 MB).
+ARG WHEELHOUSE=
+COPY ${WHEELHOUSE:-wheelhouse/README.md} /tmp/wheelhouse/
+RUN python3 -m pip install --no-cache-dir ${WHEELHOUSE:+--no-index --find-links /tmp/wheelhouse} "pillow==11.0.0" \
+ && rm -rf /tmp/wheelhouse
 # The image's own non-root user: Triton's build creates `triton-server` with uid and gid 1000 for this.
 USER 1000:1000
 CMD ["tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"]

@@ -70,9 +70,16 @@ def k8s_object(kind: str, name: str) -> dict[str, Any]:
     return found
 
 
-def container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (only,) = deployment["spec"]["template"]["spec"]["containers"]
-    return dict(only)
+def container(deployment: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """A Deployment's container called `name`, by default the one named like the Deployment (the shim's pod
+    also runs the proxy)."""
+    wanted = name or deployment["metadata"]["name"]
+    (found,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == wanted]
+    return dict(found)
+
+
+def containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(deployment["spec"]["template"]["spec"]["containers"])
 
 
 def adapter_rules() -> list[dict[str, Any]]:

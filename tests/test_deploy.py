@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import requests
+import yaml
 
 from app.embedded_triton import EmbeddedTriton
 from app.settings import Settings
@@ -35,6 +36,7 @@ from tests.deploy_support import (
     adapter_rules,
     compose,
     container,
+    containers,
     k8s_manifests,
     k8s_object,
     k8s_objects,
@@ -45,6 +47,7 @@ from tests.deploy_support import (
     yaml_docs,
 )
 from tests.support import ROOT, encode, photo, wait_until
+from tools import proxy
 from tools.launch import ServedApp, free_port
 
 # The NGC image that ships each Triton server release the tests run (nvidia-pytriton's wheel). Triton's
@@ -90,7 +93,7 @@ def test_compose_shim_waits_for_a_healthy_triton_and_its_flag_switches_without_a
     shim, env = services["shim"], shim_env()
     assert shim["build"]["context"] == "."
     assert env["SHIM_TRITON_URL"] == "triton:8000"
-    assert "5000:5000" in shim["ports"]
+    assert "ports" not in shim and shim["expose"] == [str(Settings().port)]  # clients come through the proxy
     assert shim["depends_on"]["triton"]["condition"] == "service_healthy"
     # The mode comes from the environment, and the flag file lies on a named volume the image prepared.
     assert env["SHIM_MODE"].startswith("${SHIM_MODE")
@@ -133,7 +136,9 @@ def test_hadolint_rejects_a_root_image_with_unpinned_packages(tmp_path: Path) ->
 
 
 def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """A Dockerfile's instructions, with `${ARG:-default}` as docker expands it when no build argument is given."""
     text = re.sub(r"\\\n\s*", " ", path.read_text())
+    text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
     return [(line.split()[0].upper(), line.split(None, 1)[1]) for line in text.splitlines()
             if line.strip() and not line.lstrip().startswith("#")]
 
@@ -272,9 +277,9 @@ def test_the_kubernetes_check_rejects_a_misspelt_probe(tmp_path: Path) -> None:
 def test_kustomization_lists_every_manifest_of_the_namespace() -> None:
     (kustomization,) = yaml_docs(K8S / "kustomization.yaml")
     top_level = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization["resources"]) == top_level
+    assert set(kustomization["resources"]) == top_level | {"../nginx"}  # the proxy's generated ConfigMap
     images = {i["name"] for i in kustomization["images"]}
-    used = {container(o)["image"].split(":")[0] for o in k8s_objects() if o["kind"] == "Deployment"}
+    used = {c["image"].split(":")[0] for o in k8s_objects() if o["kind"] == "Deployment" for c in containers(o)}
     assert used == images
 
 
@@ -285,17 +290,50 @@ def probe(c: dict[str, Any], kind: str) -> tuple[str, int]:
 
 
 @pytest.mark.triton
-def test_probes_hit_endpoints_that_answer_on_the_real_shim_and_triton(shim_triton: ServedApp,
-                                                                      triton: EmbeddedTriton) -> None:
-    shim, server = container(k8s_object("Deployment", "shim")), container(k8s_object("Deployment", "triton"))
-    assert probe(shim, "readinessProbe") == ("/readyz", Settings().port)
-    assert probe(shim, "livenessProbe") == ("/healthz", Settings().port)
+def test_probes_hit_endpoints_that_answer_on_the_real_shim_proxy_and_triton(shim_triton: ServedApp,
+                                                                            triton: EmbeddedTriton,
+                                                                            tmp_path: Path) -> None:
+    """The shim pod's probes: readiness through nginx (deploy/nginx's configuration, in front of a real shim),
+    start-up and liveness on gunicorn itself, nginx's own liveness; Triton's on the real Triton."""
+    deployment = k8s_object("Deployment", "shim")
+    shim, front, server = container(deployment), container(deployment, "proxy"), container(k8s_object("Deployment",
+                                                                                                      "triton"))
+    proxy_port = int(env_of(front)["PROXY_PORT"])
+    assert "readinessProbe" not in shim  # the proxy's /readyz answers for both containers
+    assert probe(shim, "startupProbe") == probe(shim, "livenessProbe") == ("/healthz", Settings().port)
+    assert probe(front, "readinessProbe") == ("/readyz", proxy_port)
+    assert probe(front, "livenessProbe") == (proxy.LIVENESS, proxy_port)
     assert probe(server, "readinessProbe") == ("/v2/health/ready", 8000)
     assert probe(server, "livenessProbe")[0] == "/v2/health/live"
-    for kind in ("readinessProbe", "livenessProbe"):
+    for kind in ("startupProbe", "livenessProbe"):
         assert requests.get(shim_triton.url + probe(shim, kind)[0], timeout=10).status_code == 200
+    nginx = proxy_in_front_of(shim_triton, tmp_path)
+    try:
+        for kind in ("readinessProbe", "livenessProbe"):
+            answer = requests.get(nginx.url + probe(front, kind)[0], timeout=10)
+            assert answer.status_code == 200 and answer.headers["Server"] == "nginx", (kind, answer.text)
+    finally:
+        nginx.stop()
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert requests.get(f"http://{triton.http_url}{probe(server, kind)[0]}", timeout=10).status_code == 200
+
+
+def nginx_or_skip() -> None:
+    """Skip where there is no nginx (`make nginx`), but fail under CI, where make test unpacks it."""
+    if proxy.nginx_binary() is None:
+        if os.environ.get("CI"):
+            pytest.fail(proxy.MISSING)
+        pytest.skip(proxy.MISSING)
+
+
+def proxy_in_front_of(shim: ServedApp, folder: Path) -> proxy.Proxy:
+    """deploy/nginx's nginx in front of a running shim."""
+    nginx_or_skip()
+    return proxy.Proxy(folder / "nginx", f"127.0.0.1:{shim.port}").wait()
+
+
+def env_of(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: str(e.get("value", "")) for e in c.get("env", [])}
 
 
 def test_services_select_their_pods_and_the_shim_finds_triton() -> None:
@@ -303,7 +341,7 @@ def test_services_select_their_pods_and_the_shim_finds_triton() -> None:
         service, deployment = k8s_object("Service", name), k8s_object("Deployment", name)
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert service["spec"]["selector"].items() <= labels.items()
-        names = {p["name"] for p in container(deployment)["ports"]}
+        names = {p["name"] for c in containers(deployment) for p in c["ports"]}
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= names
     env = {e["name"]: e.get("value") for e in container(k8s_object("Deployment", "shim"))["env"]}
     assert set(env) <= SETTINGS_VARS, set(env) - SETTINGS_VARS
@@ -353,11 +391,12 @@ def commands(section: str) -> list[list[str]]:
 
 
 def compose_call(cmd: list[str]) -> tuple[list[str], str, list[str]]:
-    """`docker compose [--profile P]... SUB [options] ARGS`: the profiles, SUB and the positional ARGS."""
+    """`docker compose [-f FILE]... [--profile P]... SUB [options] ARGS`: the profiles, SUB and the positional ARGS."""
     args, profiles = cmd[2:], []
     while args[0].startswith("-"):
         if args[0] == "--profile":
             profiles.append(args[1])
+        if args[0] in {"--profile", "-f", "--file"}:
             args = args[1:]
         args = args[1:]
     positionals, skip = [], False
@@ -385,6 +424,11 @@ def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -
         if sub == "exec":
             assert env["SHIM_FLAG_FILE"] in positionals  # the flag file the README removes is the one in use
     assert "model-export" in {p[0] for _, sub, p in calls if sub == "run"}
+    files = {c[i + 1] for c in commands(section) if c[:2] == ["docker", "compose"]
+             for i, arg in enumerate(c[:-1]) if arg in {"-f", "--file"}}
+    assert "docker-compose.cpu.yml" in files  # the CPU override is documented
+    for name in files:
+        assert (ROOT / name).is_file(), name
     for var in re.findall(r"\bSHIM_[A-Z_]+\b", section):
         assert var in SETTINGS_VARS | {"SHIM_WITH_LEGACY", "SHIM_MODEL_WEIGHTS"}, var
     assert {"SHIM_MODE", "SHIM_ADMIN_TOKEN", "SHIM_FLAG_FILE"} <= set(env)
@@ -418,10 +462,369 @@ def test_every_shim_pod_watches_the_fleet_traffic_configmap() -> None:
     TrafficState(mode=Mode.LEGACY).with_changes(flag, updated_by="test")  # parses as the shim parses it
     shim = next(d for d in yaml_docs(K8S / "shim.yaml") if d["kind"] == "Deployment")
     pod = shim["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "shim"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     (volume,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == configmap["metadata"]["name"]]
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
     assert env["SHIM_FLAG_FILE"] == f"{mount['mountPath']}/traffic.json" and mount["readOnly"]
     section = readme_section("Scale out on Kubernetes")
     assert f"create configmap {configmap['metadata']['name']}" in section
+
+
+# --- the CPU override, the compose CI override and the images `make compose-test` builds -----------------
+
+CPU_OVERRIDE = ROOT / "docker-compose.cpu.yml"
+CI_OVERRIDE = ROOT / "tests" / "compose" / "ci.yml"
+CI_DOCKERFILES = sorted((ROOT / "tests" / "compose").glob("*.Dockerfile"))
+RESET = object()  # compose's `!reset` tag: the key is removed from the merged file
+
+
+class ComposeOverrideLoader(yaml.SafeLoader):
+    """YAML with compose's `!reset` tag (Compose 2.24+), which check-jsonschema cannot read."""
+
+
+ComposeOverrideLoader.add_constructor("!reset", lambda loader, node: RESET)
+
+
+def compose_override(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.load(path.read_text(), Loader=ComposeOverrideLoader)  # a SafeLoader
+    return data
+
+
+def merge_compose(base: Any, override: Any, key: str = "") -> Any:
+    """Compose's merge, for what the overrides here use: mappings merge key by key, `!reset` removes a key,
+    volumes merge by their target path, anything else (commands, scalars) is replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for k, value in override.items():
+            if value is RESET:
+                merged.pop(k, None)
+            else:
+                merged[k] = merge_compose(base[k], value, k) if k in base else value
+        return merged
+    if key == "volumes" and isinstance(base, list) and isinstance(override, list):
+        by_target = {v.split(":")[1]: v for v in base} | {v.split(":")[1]: v for v in override}
+        return list(by_target.values())
+    return override
+
+
+def merged_with(override: Path) -> dict[str, Any]:
+    merged: dict[str, Any] = merge_compose(compose(), compose_override(override))
+    return merged
+
+
+def gpu_models() -> list[str]:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from app.embedded_triton.cpu_repo import model_dirs, read_config
+
+    return sorted(name for name, folder in model_dirs(ROOT / "triton_repo").items()
+                  if any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in read_config(folder / "config.pbtxt")
+                         .instance_group))
+
+
+def test_the_models_that_ask_for_a_gpu_are_the_ones_with_a_cpu_config() -> None:
+    with_cpu_config = sorted(p.parent.parent.name for p in (ROOT / "triton_repo").glob("*/configs/cpu.pbtxt"))
+    assert "resnet50" in gpu_models()
+    assert with_cpu_config == gpu_models()
+
+
+@pytest.mark.parametrize("model", gpu_models())
+def test_a_cpu_config_is_the_default_config_with_cpu_instances(model: str) -> None:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from app.embedded_triton.cpu_repo import read_config
+
+    default = read_config(ROOT / "triton_repo" / model / "config.pbtxt")
+    cpu = read_config(ROOT / "triton_repo" / model / "configs" / "cpu.pbtxt")
+    assert not any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in cpu.instance_group)
+    expected = mc.ModelConfig()
+    expected.CopyFrom(default)
+    for group in expected.instance_group:
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            group.kind = mc.ModelInstanceGroup.KIND_CPU
+            del group.gpus[:]
+    assert cpu == expected, f"configs/cpu.pbtxt of {model} differs from its config.pbtxt in more than the kind"
+
+
+def validate_compose(data: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps(data))
+    result = run(tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_cpu_override_runs_the_same_triton_without_a_gpu(tmp_path: Path) -> None:
+    base, merged = compose()["services"], merged_with(CPU_OVERRIDE)
+    validate_compose(merged, tmp_path)
+    triton = merged["services"]["triton"]
+    assert not triton["deploy"]["resources"]["reservations"].get("devices")
+    assert triton["command"] == [*base["triton"]["command"], "--model-config-name=cpu"]
+    assert triton["image"] == base["triton"]["image"] and triton["build"] == base["triton"]["build"]
+    assert {k: v for k, v in triton.items() if k not in {"command", "deploy"}} == \
+        {k: v for k, v in base["triton"].items() if k not in {"command", "deploy"}}
+    assert {k: v for k, v in merged["services"].items() if k != "triton"} == \
+        {k: v for k, v in base.items() if k != "triton"}
+
+
+def test_the_merged_check_rejects_a_misspelt_override(tmp_path: Path) -> None:
+    broken = tmp_path / "docker-compose.cpu.yml"
+    broken.write_text(CPU_OVERRIDE.read_text().replace("    command:", "    comand:"))
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps(merged_with(broken)))
+    result = run(tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", path)
+    assert result.returncode != 0 and "comand" in result.stdout, result.stdout
+
+
+def test_the_ci_override_swaps_only_images_the_gpu_and_the_model_repository(tmp_path: Path) -> None:
+    """tests/compose/ci.yml (make compose-test) changes what CI cannot have and nothing users rely on:
+    ports, healthchecks, depends_on, environment and the shim's command come from docker-compose.yml."""
+    override, merged = compose_override(CI_OVERRIDE)["services"], merged_with(CI_OVERRIDE)
+    validate_compose(merged, tmp_path)
+    allowed = {"triton": {"build", "image", "command", "volumes", "deploy", "ulimits"},
+               "shim": {"build", "image", "volumes"}, "prometheus": {"build", "image"}}
+    for name, service in override.items():
+        assert set(service) <= allowed.get(name, {"build", "image"}), (name, set(service))
+        assert service["image"].startswith("flask-triton-shim-ci/"), "CI images never take the product's names"
+        for volume in service.get("volumes", []):
+            assert volume.split(":")[1:] == ["/models", "ro"], volume
+    base = compose()["services"]
+    for name, service in merged["services"].items():
+        for key in ("ports", "healthcheck", "depends_on", "environment", "entrypoint", "restart", "shm_size"):
+            assert service.get(key) == base[name].get(key), (name, key)
+    triton = merged["services"]["triton"]
+    assert not triton["deploy"]["resources"]["reservations"].get("devices")
+    assert triton["volumes"] == [v for v in triton["volumes"] if v.endswith(":/models:ro")], triton["volumes"]
+
+
+def test_the_ci_triton_command_is_what_app_embedded_triton_accepts() -> None:
+    from app.embedded_triton.__main__ import parse_args
+
+    command = compose_override(CI_OVERRIDE)["services"]["triton"]["command"]
+    assert command[:3] == ["python", "-m", "app.embedded_triton"]
+    config = parse_args(command[3:])
+    assert config.host == "0.0.0.0" and str(config.model_repository) == "/models"
+    assert config.model_control_mode == "explicit"  # as docker-compose.yml's --model-control-mode=explicit
+    published = {int(p.split(":")[1]) for p in compose()["services"]["triton"]["ports"]}
+    assert {config.http_port, config.grpc_port, config.metrics_port} == published
+
+
+def docker_compose_v2() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    result = subprocess.run(["docker", "compose", "version", "--short"], capture_output=True, text=True, check=False)
+    match = re.match(r"v?(\d+)\.(\d+)", result.stdout.strip())
+    return result.returncode == 0 and bool(match) and (int(match[1]), int(match[2])) >= (2, 24)
+
+
+@pytest.mark.skipif(not docker_compose_v2(), reason="needs the docker CLI with Compose 2.24+ (no engine)")
+@pytest.mark.parametrize("override", [CPU_OVERRIDE, CI_OVERRIDE], ids=["cpu", "ci"])
+def test_docker_compose_merges_each_override_as_these_tests_do(override: Path, tmp_path: Path) -> None:
+    result = run("docker", "compose", "--env-file", "/dev/null", "-f", COMPOSE, "-f", override,
+                 "--profile", "monitoring", "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    merged = json.loads(result.stdout)
+    validate_compose(merged, tmp_path)
+    triton = merged["services"]["triton"]
+    assert not triton.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
+    assert triton["command"] == merged_with(override)["services"]["triton"]["command"]
+
+
+def test_the_ci_dockerfiles_pass_hadolint() -> None:
+    assert CI_DOCKERFILES
+    result = run(tool("hadolint"), *CI_DOCKERFILES)
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+def test_the_compose_stack_tests_stay_out_of_make_test() -> None:
+    """`make test` runs `pytest` on tests/ with no docker: tests/compose/ is collected only under COMPOSE_STACK=1."""
+    env = {k: v for k, v in os.environ.items() if k != "COMPOSE_STACK"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/compose"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, check=False, timeout=120)
+    assert "test_stack.py" not in result.stdout, result.stdout
+    assert result.returncode in {0, 5}, result.stdout + result.stderr  # 5: nothing collected
+
+
+# --- the proxy in front of gunicorn: deploy/nginx, used by docker compose, Kubernetes and the tests ----------
+
+NGINX_TEMPLATE = proxy.TEMPLATE
+
+
+def nginx_directive(name: str, location: str = "") -> str:
+    """A directive's value in the template: in `location` when given, else the first at any level above it."""
+    text = NGINX_TEMPLATE.read_text()
+    if location:
+        text = location_block(text, location)
+    match = re.search(rf"^\s*{re.escape(name)}\s+([^;]+);", text, re.M)
+    assert match, f"{name} is not set{f' in location {location}' if location else ''}"
+    return match.group(1).strip()
+
+
+def location_block(text: str, location: str) -> str:
+    """From `location <location> {` to its closing brace (alone on its line: ${VARIABLES} hold braces too)."""
+    start = text.index(f"location {location} {{")
+    return text[start:re.compile(r"^\s*\}\s*$", re.M).search(text, start).end()]  # type: ignore[union-attr]
+
+
+def seconds(value: str) -> float:
+    match = re.fullmatch(r"(\d+)(ms|s|m)", value)
+    assert match, value
+    return int(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[match.group(2)]
+
+
+def compose_default(value: str) -> str:
+    """`${VAR:-default}` as compose interpolates it when VAR is unset."""
+    match = re.fullmatch(r"\$\{\w+:-([^}]*)\}", value)
+    return match.group(1) if match else value
+
+
+def compose_proxy_values() -> dict[str, str]:
+    env = compose()["services"]["proxy"]["environment"]
+    return {k: compose_default(str(v)) for k, v in env.items() if k.startswith("PROXY_")}
+
+
+def k8s_proxy() -> dict[str, Any]:
+    return container(k8s_object("Deployment", "shim"), "proxy")
+
+
+def test_the_proxy_template_uses_exactly_the_variables_each_deployment_sets() -> None:
+    used = proxy.template_variables(NGINX_TEMPLATE.read_text())
+    assert used == set(proxy.VARIABLES)
+    assert set(compose_proxy_values()) == used
+    assert {k for k in env_of(k8s_proxy()) if k.startswith("PROXY_")} == used
+    # The official image's entrypoint renders the template with only these names replaced (nginx's own
+    # $variables are lower case and untouched), into the folder that the command's -c and -p point at.
+    for env, cmd, mounts in [
+        (compose()["services"]["proxy"]["environment"], compose()["services"]["proxy"]["command"],
+         [v.split(":")[1] for v in compose()["services"]["proxy"]["volumes"]]),
+        (env_of(k8s_proxy()), k8s_proxy()["args"], [f"{m['mountPath']}/{NGINX_TEMPLATE.name}"
+                                                    for m in k8s_proxy()["volumeMounts"]]),
+    ]:
+        assert env["NGINX_ENVSUBST_FILTER"] == "^PROXY_"
+        helper = proxy.command(Path("nginx"), Path(env["NGINX_ENVSUBST_OUTPUT_DIR"]))  # what the tests start
+        assert cmd[:-1] == helper[:-1] and cmd[-1] == "daemon off;" and helper[-1].startswith(cmd[-1]), (cmd, helper)
+        assert f"{env['NGINX_ENVSUBST_TEMPLATE_DIR']}/{NGINX_TEMPLATE.name}" in mounts
+
+
+@pytest.mark.parametrize("where", ["compose", "kubernetes"])
+def test_the_rendered_proxy_configuration_passes_nginx_t(where: str) -> None:
+    nginx_or_skip()
+    values = compose_proxy_values() if where == "compose" else {k: v for k, v in env_of(k8s_proxy()).items()
+                                                                if k.startswith("PROXY_")}
+    # nginx resolves the upstream's host when it starts: compose's service name is not resolvable here.
+    values["PROXY_UPSTREAM"] = "127.0.0.1:" + values["PROXY_UPSTREAM"].rsplit(":", 1)[1]
+    values["PROXY_PORT"] = f"127.0.0.1:{free_port()}"
+    result = proxy.check(values)
+    assert result.returncode == 0, result.stderr
+
+
+def test_nginx_t_rejects_a_misspelt_directive(tmp_path: Path) -> None:
+    nginx_or_skip()
+    broken = tmp_path / NGINX_TEMPLATE.name
+    broken.write_text(NGINX_TEMPLATE.read_text().replace("client_body_timeout", "client_body_timeuot"))
+    result = proxy.check(proxy.values_for("127.0.0.1:5000", free_port()), broken)
+    assert result.returncode != 0 and "client_body_timeuot" in result.stderr, result.stderr
+
+
+def test_the_proxy_agrees_with_the_shims_settings() -> None:
+    settings = Settings()
+    # The upload limit: one value, nginx refusing first (413 before the body is read).
+    assert int(compose_proxy_values()["PROXY_MAX_BODY_MB"]) == settings.max_upload_mb
+    assert compose()["services"]["proxy"]["environment"]["PROXY_MAX_BODY_MB"] == shim_env()["SHIM_MAX_UPLOAD_MB"]
+    shim_k8s = env_of(container(k8s_object("Deployment", "shim")))
+    assert env_of(k8s_proxy())["PROXY_MAX_BODY_MB"] == shim_k8s["SHIM_MAX_UPLOAD_MB"]
+    assert nginx_directive("client_max_body_size") == "${PROXY_MAX_BODY_MB}m"
+    # /predict let through at once: what one worker holds (SHIM_MAX_PENDING, its default here), so that the
+    # shim itself never refuses behind nginx, whichever worker the kernel hands nginx's connections to.
+    assert int(compose_proxy_values()["PROXY_MAX_INFLIGHT"]) == settings.max_pending
+    assert int(env_of(k8s_proxy())["PROXY_MAX_INFLIGHT"]) == settings.max_pending
+    assert nginx_directive("limit_conn", "= /predict") == "shim_predict_total ${PROXY_MAX_INFLIGHT}"
+    # /predict: nginx waits longer than the shim's own bound, so the shim's 504 (the contract's) comes first.
+    assert seconds(nginx_directive("proxy_read_timeout")) >= settings.triton_timeout_s + 5
+    # Probes: nginx gives /readyz more than the shim's readiness deadline, and the kubelet more than nginx.
+    for path in ("/healthz", "/readyz"):
+        assert settings.readiness_timeout_s + 0.5 <= seconds(nginx_directive("proxy_read_timeout", f"= {path}")) <= 2
+        assert "limit_conn" not in location_block(NGINX_TEMPLATE.read_text(), f"= {path}")
+    assert k8s_proxy()["readinessProbe"]["timeoutSeconds"] > seconds(nginx_directive("proxy_read_timeout",
+                                                                                      "= /readyz"))
+    # Upstream keep-alive: nginx drops an idle connection before gunicorn does, never reusing one it closes.
+    gunicorn = re.search(r"^keepalive = (\d+)", (ROOT / "gunicorn.conf.py").read_text(), re.M)
+    upstream = re.search(r"upstream shim \{.*?keepalive_timeout (\w+);", NGINX_TEMPLATE.read_text(), re.S)
+    assert gunicorn and upstream and seconds(upstream.group(1)) < int(gunicorn.group(1))
+    # Slow clients end in nginx: short header and body timeouts, buffered uploads, limits per address.
+    for timeout in ("client_header_timeout", "client_body_timeout", "send_timeout"):
+        assert seconds(nginx_directive(timeout)) <= 10, timeout
+    for directive, value in [("proxy_request_buffering", "on"), ("server_tokens", "off"), ("lingering_close", "off"),
+                             ("proxy_next_upstream", "off")]:
+        assert nginx_directive(directive) == value, directive
+    assert "limit_conn shim_predict_per_client " in location_block(NGINX_TEMPLATE.read_text(), "= /predict")
+    assert "escape=json" in nginx_directive("log_format")
+
+
+def test_compose_puts_the_proxy_in_front_of_the_shim() -> None:
+    services = compose()["services"]
+    front = services["proxy"]
+    assert re.fullmatch(r"nginx:1\.\d+(\.\d+)?-bookworm", front["image"]), front["image"]
+    port = compose_proxy_values()["PROXY_PORT"]
+    assert front["ports"] == [f"{Settings().port}:{port}"]  # where clients always sent /predict
+    assert compose_proxy_values()["PROXY_UPSTREAM"] == f"shim:{Settings().port}"
+    assert front["depends_on"]["shim"] == {"condition": "service_healthy", "restart": True}
+    check = " ".join(front["healthcheck"]["test"])
+    assert proxy.LIVENESS in check and f"/dev/tcp/127.0.0.1/{port}" in check
+    assert f"./{NGINX_TEMPLATE.relative_to(ROOT)}:" in front["volumes"][0] and front["volumes"][0].endswith(":ro")
+
+
+def test_kubernetes_runs_the_proxy_beside_the_shim_and_every_probe_has_a_timeout() -> None:
+    deployment = k8s_object("Deployment", "shim")
+    front, shim = k8s_proxy(), container(deployment)
+    assert "command" not in front, "`command` would replace the image's entrypoint, which renders the template"
+    assert front["args"] == compose()["services"]["proxy"]["command"]
+    env = env_of(front)
+    ports = {p["name"]: p["containerPort"] for p in front["ports"]}
+    assert ports["http"] == int(env["PROXY_PORT"])
+    assert env["PROXY_UPSTREAM"] == f"127.0.0.1:{shim['ports'][0]['containerPort']}"
+    (service_port,) = k8s_object("Service", "shim")["spec"]["ports"]
+    assert service_port["targetPort"] == "http" and service_port["port"] == Settings().port
+    for name, c in [(c["name"], c) for d in k8s_objects() if d["kind"] == "Deployment" for c in containers(d)]:
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if kind in c:
+                assert c[kind].get("timeoutSeconds"), f"{name}'s {kind} has no timeoutSeconds (1 s by default)"
+    pod = deployment["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in front["volumeMounts"]}
+    assert volumes[mounts[env["NGINX_ENVSUBST_TEMPLATE_DIR"]]]["configMap"]["name"] == "shim-proxy"
+    assert "emptyDir" in volumes[mounts[env["NGINX_ENVSUBST_OUTPUT_DIR"]]]  # writable, on a read-only root
+    assert front["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def kustomize_build() -> str:
+    kubectl, kustomize = shutil.which("kubectl"), shutil.which("kustomize")
+    if kubectl is None and kustomize is None:
+        pytest.skip("needs kubectl or kustomize (no cluster): `kubectl kustomize deploy/k8s`")
+    result = run(*([kubectl, "kustomize"] if kubectl else [kustomize, "build"]), K8S)  # type: ignore[list-item]
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_kustomize_generates_the_proxy_configmap_from_deploy_nginx(tmp_path: Path) -> None:
+    objects = [d for d in yaml.safe_load_all(kustomize_build()) if d]
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("shim-proxy")]
+    assert configmap["data"] == {NGINX_TEMPLATE.name: NGINX_TEMPLATE.read_text()}  # the same file, not a copy
+    assert configmap["metadata"]["namespace"] == "inference"
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "shim"]
+    names = {v["configMap"]["name"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "configMap" in v}
+    assert configmap["metadata"]["name"] in names  # the generated name, hash included
+    built = tmp_path / "built.yaml"
+    built.write_text(yaml.safe_dump_all(objects))
+    for version in K8S_VERSIONS:
+        result = run(tool("kubernetes-validate"), "--strict", "-k", version, built)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_hostile_suite_stays_out_of_make_test() -> None:
+    """`make test` runs `pytest` on tests/: tests/hostile/ is collected only under HOSTILE_STACK=1."""
+    env = {k: v for k, v in os.environ.items() if k != "HOSTILE_STACK"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/hostile"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, check=False, timeout=120)
+    assert "test_" not in result.stdout, result.stdout
+    assert result.returncode in {0, 5}, result.stdout + result.stderr

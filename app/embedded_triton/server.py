@@ -102,6 +102,11 @@ class EmbeddedTriton:
         return f"http://{self.config.host}:{self.config.metrics_port}/metrics"
 
     @property
+    def pid(self) -> int | None:
+        """The tritonserver process, while it runs (tests stop and continue it)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 

@@ -1,0 +1,24 @@
+#!/bin/bash
+# CI stand-in for the official nginx image's entrypoint (tests/compose/proxy.Dockerfile): what its
+# docker-entrypoint.d/20-envsubst-on-templates.sh does, with the same variables. Before the command runs,
+# each $NGINX_ENVSUBST_TEMPLATE_DIR/<name>.template becomes $NGINX_ENVSUBST_OUTPUT_DIR/<name>, with the
+# environment variables whose names match $NGINX_ENVSUBST_FILTER (all when unset) replaced, and no others.
+set -euo pipefail
+
+if [ "${1:-}" = "nginx" ]; then
+  template_dir="${NGINX_ENVSUBST_TEMPLATE_DIR:-/etc/nginx/templates}"
+  suffix="${NGINX_ENVSUBST_TEMPLATE_SUFFIX:-.template}"
+  output_dir="${NGINX_ENVSUBST_OUTPUT_DIR:-/etc/nginx/conf.d}"
+  filter="${NGINX_ENVSUBST_FILTER:-}"
+  defined=$(printf '${%s} ' $(awk "END { for (name in ENVIRON) { print ( name ~ /${filter}/ ) ? name : \"\" } }" </dev/null))
+  if [ -d "$template_dir" ]; then
+    find "$template_dir" -follow -type f -name "*$suffix" -print | while read -r template; do
+      relative="${template#"$template_dir/"}"
+      output="$output_dir/${relative%"$suffix"}"
+      mkdir -p "$(dirname "$output")"
+      echo "$0: rendering $template to $output" >&2
+      envsubst "$defined" <"$template" >"$output"
+    done
+  fi
+fi
+exec "$@"

@@ -1,0 +1,254 @@
+"""docker-compose.yml, up for real, checked from the host as a user would (run by `make compose-test`).
+
+The stack is docker-compose.yml with tests/compose/ci.yml (the wheel's Triton serving the numpy stand-in
+repository, no GPU reservation, local images); every request goes through the ports it publishes: port
+5000 is nginx (the `proxy` service) in front of the shim, which is not published. The tests run in this
+order and share one stack: the last one takes it down.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import yaml
+
+from app.preprocess import ImageSpec, decode, to_tensor
+from app.scores import best, softmax
+from app.waiting import http_status
+from tests.hostile.clients import read_answer
+from tests.support import encode, photo, wait_until
+from tools.compose_test import COMPOSE_FILES, PROJECT, STANDIN_REPO, Stack
+
+if os.environ.get("COMPOSE_STACK") != "1":  # named on the command line, collect_ignore does not apply
+    pytest.skip("the compose stack runs under `make compose-test` (COMPOSE_STACK=1)", allow_module_level=True)
+
+SHIM = "http://127.0.0.1:5000"  # the proxy, as clients see it
+PROXY_LIVENESS = "/proxy-healthz"  # nginx's own location (deploy/nginx/nginx.conf.template)
+TRITON_METRICS = "http://127.0.0.1:8002/metrics"
+PROMETHEUS = "http://127.0.0.1:9090"
+TOP_K = 5
+
+
+def predict(data: bytes, name: str = "test.jpg") -> requests.Response:
+    return requests.post(f"{SHIM}/predict", files={"image": (name, data)}, timeout=30)
+
+
+def standin_answer(data: bytes, labels: list[str]) -> list[dict[str, Any]]:
+    """What the shim must answer with the stand-in resnet50 (tools/standin_models/near_free_classifier.py):
+    logit k is the sum of the k-th of 1000 equal slices of the preprocessed input."""
+    spec = ImageSpec()
+    flat = to_tensor(decode(data, spec), spec).reshape(1, -1)
+    bounds = np.linspace(0, flat.shape[1], len(labels) + 1)[:-1].astype(np.int64)
+    probs = softmax(np.add.reduceat(flat, bounds, axis=1)[0])
+    return [{"label": labels[i], "class_id": i, "score": float(probs[i])} for i in best(probs, TOP_K)]
+
+
+def test_up_wait_reached_healthy_through_the_real_healthchecks(stack: Stack) -> None:
+    declared = yaml.safe_load(COMPOSE_FILES[0].read_text())["services"]["triton"]["healthcheck"]["test"]
+    triton, shim, proxy = stack.inspect("triton"), stack.inspect("shim"), stack.inspect("proxy")
+    for name, container in [("triton", triton), ("shim", shim), ("proxy", proxy)]:
+        assert container["State"]["Health"]["Status"] == "healthy", (name, container["State"])
+    assert triton["Config"]["Healthcheck"]["Test"] == declared  # docker-compose.yml's own check
+    # The proxy's: docker-compose.yml's, as compose interpolates it ($$ -> $), nginx's own location.
+    written = yaml.safe_load(COMPOSE_FILES[0].read_text())["services"]["proxy"]["healthcheck"]["test"]
+    assert proxy["Config"]["Healthcheck"]["Test"] == [arg.replace("$$", "$") for arg in written]
+    assert PROXY_LIVENESS in " ".join(proxy["Config"]["Healthcheck"]["Test"])
+    assert "/healthz" in " ".join(shim["Config"]["Healthcheck"]["Test"])  # the Dockerfile's HEALTHCHECK
+    assert not triton["HostConfig"].get("DeviceRequests"), "the CI override must drop the GPU reservation"
+
+
+def test_the_shim_sends_through_shared_memory_across_the_two_containers(stack: Stack) -> None:
+    """docker-compose.yml shares Triton's IPC namespace with the shim: SHIM_TRANSPORT=auto settles on shm
+    (tensors: the stand-in normalize runs on the CPU), and Triton maps the regions the shim makes."""
+    assert predict(encode(photo(64, 48))).status_code == 200  # a worker settles its transport on first use
+    ready = requests.get(f"{SHIM}/readyz", timeout=10).json()
+    assert ready["transport"] == "shm", ready
+    assert "Triton maps this host's /dev/shm" in ready["backends"]["triton"]["detail"], ready
+
+
+def test_clients_reach_the_shim_only_through_the_proxy(stack: Stack) -> None:
+    assert not stack.inspect("shim")["HostConfig"].get("PortBindings"), "the shim must not be published"
+    bindings = stack.inspect("proxy")["HostConfig"]["PortBindings"]
+    assert [b["HostPort"] for b in bindings["8080/tcp"]] == ["5000"], bindings
+    alive = requests.get(SHIM + PROXY_LIVENESS, timeout=10)
+    assert alive.status_code == 200 and alive.json() == {"status": "ok"}
+    ready = requests.get(f"{SHIM}/readyz", timeout=10)
+    assert ready.status_code == 200 and ready.json()["ready"] is True, ready.text
+    assert ready.headers["Server"] == "nginx"  # server_tokens off: no version
+    answer = requests.post(f"{SHIM}/predict", files={"image": ("t.jpg", encode(photo(64, 48)))},
+                           headers={"X-Request-ID": "compose-test-1"}, timeout=30)
+    assert answer.status_code == 200 and answer.headers["X-Request-ID"] == "compose-test-1", answer.text
+    logged = [json.loads(line.split(" ", 1)[1]) for line in stack.compose("logs", "--no-color", "--no-log-prefix",
+              "--timestamps", "proxy").stdout.splitlines() if '"compose-test-1"' in line]
+    assert logged and logged[-1]["upstream_status"] == "200" and logged[-1]["status"] == 200, logged
+
+
+def test_a_declared_oversize_upload_gets_the_proxys_json_413_before_its_body_is_sent(stack: Stack) -> None:
+    """Content-Length: 200 MB with Expect: 100-continue: nginx answers 413 at once, never 100 Continue."""
+    head = ("POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+            f"Content-Length: {200 << 20}\r\nExpect: 100-continue\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", 5000), timeout=10) as sock:
+        sock.sendall(head.encode())  # the head alone
+        raw = read_answer(sock, 5)
+    assert raw.statuses == [413], raw.data[:300]
+    headers, body = raw.head_and_body(413)
+    assert headers["content-type"] == "application/json" and headers["server"] == "nginx", headers
+    assert json.loads(body)["error"] == "too_large" and raw.seconds < 2
+
+
+def test_the_seeds_client_gets_the_contracts_answer(stack: Stack, tmp_path: Path) -> None:
+    labels = (STANDIN_REPO / "resnet50" / "labels.txt").read_text().splitlines()
+    # A PNG already 256 pixels high: no resampling, so the expected tensor does not depend on Pillow builds.
+    path = tmp_path / "test.png"
+    path.write_bytes(encode(photo(300, 256), "PNG"))
+    with path.open("rb") as image:  # the seed's client, unchanged
+        answer = requests.post(f"{SHIM}/predict", files={"image": image}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["X-Request-ID"] and answer.headers["X-Shim-Backend"] == "triton"
+    body = answer.json()
+    assert list(body) == ["model", "predictions"] and body["model"] == "resnet50"
+    expected = standin_answer(path.read_bytes(), labels)
+    assert [(p["class_id"], p["label"]) for p in body["predictions"]] == [(p["class_id"], p["label"]) for p in expected]
+    for got, want in zip(body["predictions"], expected, strict=True):
+        assert list(got) == ["label", "class_id", "score"]
+        assert got["score"] == pytest.approx(want["score"], rel=1e-5, abs=1e-9)
+    # A photo as clients send them: another answer, the same one every time.
+    jpeg = encode(photo(640, 480, seed=3))
+    first, again = predict(jpeg), predict(jpeg)
+    assert first.status_code == again.status_code == 200, first.text
+    assert first.json() == again.json() != body
+    scores = [p["score"] for p in first.json()["predictions"]]
+    assert len(scores) == TOP_K and scores == sorted(scores, reverse=True) and 0 < scores[0] <= 1
+
+
+@pytest.mark.parametrize(("files", "status", "code"), [
+    ({"image": ("notes.txt", b"this is not an image")}, 400, "invalid_image"),
+    ({"image": ("empty.jpg", b"")}, 400, "empty_image"),
+    ({"file": ("test.jpg", b"\xff\xd8\xff")}, 400, "missing_image"),
+])
+def test_a_bad_upload_gets_its_4xx(stack: Stack, files: dict[str, tuple[str, bytes]], status: int,
+                                   code: str) -> None:
+    answer = requests.post(f"{SHIM}/predict", files=files, timeout=30)
+    assert answer.status_code == status, answer.text
+    assert answer.json()["error"] == code and answer.json()["message"]
+    assert requests.get(f"{SHIM}/predict", timeout=30).status_code == 405
+
+
+def test_the_shim_runs_as_a_non_root_user(stack: Stack) -> None:
+    uids = dict(line.split(":", 1) for line in stack.exec("shim", "cat", "/proc/1/status").splitlines() if ":" in line)
+    assert uids["Uid"].split() == ["10001"] * 4, uids["Uid"]  # real, effective, saved, filesystem: gunicorn's master
+    top = stack.compose("top", "shim").stdout.splitlines()
+    processes = [line.split()[0] for line in top[2:] if line.strip()]  # container name, header, then one per process
+    assert len(processes) >= 2, top  # the master and its workers
+    assert not {"root", "0"} & set(processes), top
+
+
+def exposed(url: str, name: str, **labels: str) -> float:
+    """The sum of a series' samples as the endpoint exposes them (the name as written, no parser renaming)."""
+    answer = requests.get(url, timeout=10)
+    assert answer.status_code == 200, answer.text
+    total = 0.0
+    for match in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)", answer.text, re.M):
+        if all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def test_the_shims_metrics_and_tritons_metrics_port_answer(stack: Stack) -> None:
+    assert predict(encode(photo(64, 48))).status_code == 200
+    assert exposed(f"{SHIM}/metrics", "shim_requests_total", backend="triton") >= 1
+    assert exposed(TRITON_METRICS, "nv_inference_count", model="resnet50") >= 1
+    assert exposed(TRITON_METRICS, "nv_inference_request_success", model="resnet50") >= 1
+
+
+def test_prometheus_scrapes_the_shim_and_triton(stack: Stack) -> None:
+    def up() -> dict[str, str]:
+        result = requests.get(f"{PROMETHEUS}/api/v1/query", params={"query": "up"}, timeout=10).json()
+        return {r["metric"]["job"]: r["value"][1] for r in result["data"]["result"]}
+
+    wait_until(lambda: up() == {"shim": "1", "triton": "1"}, 90, "Prometheus: up == 1 for jobs shim and triton")
+    groups = requests.get(f"{PROMETHEUS}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    assert sum(len(g["rules"]) for g in groups) > 0, "deploy/prometheus/alerts.yml was not loaded"
+
+
+def test_a_traffic_switch_lands_on_the_volume_and_survives_a_shim_restart(stack: Stack) -> None:
+    switch = {"mode": "triton", "shadow_percent": 50, "reason": "compose-test"}
+    assert requests.put(f"{SHIM}/admin/traffic", json=switch, timeout=10).status_code == 401
+    token = stack.env["SHIM_ADMIN_TOKEN"]
+    answer = requests.put(f"{SHIM}/admin/traffic", json=switch, headers={"Authorization": f"Bearer {token}"},
+                          timeout=10)
+    assert answer.status_code == 200, answer.text
+    flag_file = json.loads(stack.exec("shim", "cat", "/var/run/shim/traffic.json"))
+    assert {k: flag_file[k] for k in switch} == switch and flag_file["updated_by"] == "admin-api"
+    container = stack.inspect("shim")
+    (mount,) = [m for m in container["Mounts"] if m["Destination"] == "/var/run/shim"]
+    assert (mount["Type"], mount["Name"]) == ("volume", f"{PROJECT}_shim-traffic")
+
+    stack.compose("restart", "shim", timeout=120)
+    stack.wait_healthy("shim", 120)
+    stack.wait_healthy("proxy", 60)  # restarted with the shim (depends_on: restart: true), or never stopped
+    wait_until(lambda: http_status(SHIM + PROXY_LIVENESS) == 200, 30, "the proxy to answer")
+    restarted = stack.inspect("shim")
+    assert restarted["Id"] == container["Id"] and restarted["State"]["StartedAt"] != container["State"]["StartedAt"]
+    traffic = requests.get(f"{SHIM}/traffic", timeout=10).json()
+    assert {k: traffic[k] for k in switch} == switch, traffic
+    assert traffic["source"] == "flag-file", traffic
+    assert predict(encode(photo(64, 48))).status_code == 200
+
+
+RESTART: dict[str, list[tuple[int, str, str]]] = {}  # what clients saw while Triton restarted, for the next test
+
+
+def test_triton_restarting_gives_503s_then_recovery_without_a_shim_restart(stack: Stack) -> None:
+    shim_before = stack.inspect("shim")
+    image = encode(photo(64, 48))
+    assert predict(image).status_code == 200
+    seen = RESTART.setdefault("seen", [])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        restart = pool.submit(stack.compose, "restart", "triton", timeout=180)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            answer = predict(image)
+            body = answer.json()
+            seen.append((answer.status_code, body.get("error", ""), body.get("message", "")))
+            if restart.done() and answer.status_code == 200 and any(s == 503 for s, _, _ in seen):
+                break
+            time.sleep(0.2)
+        restart.result()
+    statuses = [s for s, _, _ in seen]
+    assert (503, "backend_unavailable") in {(s, code) for s, code, _ in seen}, f"no 503 while Triton restarted: {seen}"
+    assert statuses[-1] == 200, f"no recovery within 240 s: {seen[-10:]}"
+    assert set(statuses) <= {200, 502, 503, 504}, failures(seen)  # the contract's backend errors, never a 500
+    shim_after = stack.inspect("shim")
+    assert (shim_after["Id"], shim_after["State"]["StartedAt"], shim_after["RestartCount"]) == \
+        (shim_before["Id"], shim_before["State"]["StartedAt"], shim_before["RestartCount"]), "the shim restarted"
+    stack.wait_healthy("triton", 120)
+
+
+def failures(seen: list[tuple[int, str, str]]) -> str:
+    """One line per kind of failure (numbers blanked: "next probe in 3 s")."""
+    kinds = sorted({(s, code, re.sub(r"\b\d+\b", "N", message)) for s, code, message in seen if s != 200})
+    return "\n".join(f"{s} {code}: {message}" for s, code, message in kinds)
+
+
+def test_every_failure_while_triton_restarts_is_the_contracts_503(stack: Stack) -> None:
+    seen = RESTART.get("seen")
+    assert seen, "the restart test did not run"
+    assert {(s, code) for s, code, _ in seen if s != 200} == {(503, "backend_unavailable")}, failures(seen)
+
+
+def test_down_v_leaves_no_container_network_or_volume(stack: Stack) -> None:
+    before = stack.leftovers()
+    assert before["containers"] and before["networks"] and before["volumes"], before
+    stack.down()
+    assert stack.leftovers() == {"containers": [], "networks": [], "volumes": []}

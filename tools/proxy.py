@@ -1,0 +1,198 @@
+"""nginx in front of a shim, as docker compose and Kubernetes run it: for the tests (tests/hostile/, test_deploy).
+
+    python tools/proxy.py --upstream 127.0.0.1:5000 [--port 8080]    # until Ctrl-C
+
+The configuration is deploy/nginx/nginx.conf.template, rendered here exactly as the images' envsubst renders
+it (only the PROXY_* variables it names are replaced), and started with the command line the deployments
+use, in a folder of its own (its prefix: pid file, temporary files, the rendered file): never the system's
+nginx service. The binary is `make nginx`'s (Debian bookworm's package, unpacked into .cache/tools/nginx:
+no installation, no root) or else an `nginx` on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from app.settings import Settings  # noqa: E402
+from tools.launch import free_port  # noqa: E402
+
+TEMPLATE = ROOT / "deploy" / "nginx" / "nginx.conf.template"
+VARIABLES = ("PROXY_PORT", "PROXY_UPSTREAM", "PROXY_MAX_BODY_MB", "PROXY_MAX_INFLIGHT")
+UNPACKED = ROOT / ".cache" / "tools" / "nginx" / "usr" / "sbin" / "nginx"
+LIVENESS = "/proxy-healthz"  # nginx's own location: answers without the upstream
+MISSING = ("nginx is missing: `make nginx` unpacks Debian's package into .cache/tools/nginx (needs apt-get, "
+           "no root), or install nginx (apt-get install nginx, brew install nginx)")
+
+
+def nginx_binary() -> Path | None:
+    """`make nginx`'s binary, else one on PATH (or in /usr/sbin, which a user's PATH may lack)."""
+    if UNPACKED.is_file():
+        return UNPACKED
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    return Path(found) if found else None
+
+
+_NAME = re.compile(r"\$\{(PROXY_[A-Z0-9_]+)\}|\$(PROXY_[A-Z0-9_]+)")
+
+
+def template_variables(text: str) -> set[str]:
+    """The PROXY_* names a template uses, as `$NAME` or `${NAME}`."""
+    return {a or b for a, b in _NAME.findall(text)}
+
+
+def render(values: dict[str, str], template: Path = TEMPLATE) -> str:
+    """envsubst with the variables' names as its SHELL-FORMAT: `$NAME` and `${NAME}` of those names only."""
+    text = template.read_text()
+    missing = set(VARIABLES) - set(values)
+    if missing:
+        raise ValueError(f"no value for {sorted(missing)}")
+    unknown = template_variables(text) - set(VARIABLES)
+    if unknown:
+        raise ValueError(f"{template} uses {sorted(unknown)}, which tools/proxy.py VARIABLES does not list")
+    return _NAME.sub(lambda m: values[m.group(1) or m.group(2)], text)
+
+
+def command(binary: Path, prefix: Path, *extra: str) -> list[str]:
+    """The command line every deployment uses (docker-compose.yml, deploy/k8s/shim.yaml), with this prefix.
+
+    One addition as root: nginx would run its workers as an unprivileged user (nginx's build default),
+    which cannot enter a test's private temporary folder (pytest makes them 0700), and every upload over
+    client_body_buffer_size would fail with 500. The images give that user its own folders instead.
+    """
+    settings = "daemon off;" + (" user root;" if os.geteuid() == 0 else "")
+    return [str(binary), "-e", "stderr", "-p", f"{prefix}/", "-c", str(prefix / "nginx.conf"), *extra,
+            "-g", settings]
+
+
+def values_for(upstream: str, port: int, settings: Settings | None = None) -> dict[str, str]:
+    """The variables for a shim with these settings (its defaults when None) at `upstream`."""
+    settings = settings or Settings()
+    if settings.max_upload_mb != int(settings.max_upload_mb):
+        raise ValueError(f"nginx takes a whole number of MiB; the shim's limit is {settings.max_upload_mb}")
+    return {"PROXY_PORT": f"127.0.0.1:{port}", "PROXY_UPSTREAM": upstream,
+            "PROXY_MAX_BODY_MB": str(int(settings.max_upload_mb)),
+            "PROXY_MAX_INFLIGHT": str(settings.max_pending)}
+
+
+def check(values: dict[str, str], template: Path = TEMPLATE,
+          binary: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`nginx -t` on the rendered template, in a scratch prefix."""
+    binary = binary or nginx_binary()
+    if binary is None:
+        raise FileNotFoundError(MISSING)
+    with tempfile.TemporaryDirectory(prefix="proxy-check-") as scratch:
+        prefix = Path(scratch)
+        (prefix / "nginx.conf").write_text(render(values, template))
+        return subprocess.run(command(binary, prefix, "-t"), capture_output=True, text=True, timeout=60,
+                              check=False)
+
+
+class Proxy:
+    """nginx with deploy/nginx's configuration in a subprocess, in front of `upstream`."""
+
+    def __init__(self, folder: Path, upstream: str, *, settings: Settings | None = None, port: int | None = None,
+                 binary: Path | None = None) -> None:
+        binary = binary or nginx_binary()
+        if binary is None:
+            raise FileNotFoundError(MISSING)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.prefix = folder
+        self.prefix.mkdir(parents=True, exist_ok=True)
+        self.values = values_for(upstream, self.port, settings)
+        (self.prefix / "nginx.conf").write_text(render(self.values))
+        self.access_log_path = self.prefix / "access.log"  # the config's /dev/stdout
+        self.error_log_path = self.prefix / "error.log"    # its stderr
+        self._stdout = self.access_log_path.open("ab")
+        self._stderr = self.error_log_path.open("ab")
+        self.process = subprocess.Popen(command(binary, self.prefix), stdout=self._stdout, stderr=self._stderr,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait(self, timeout_s: float = 30) -> Proxy:
+        """Until nginx's own liveness answers; fails with its error log."""
+        from app.waiting import WaitTimeout, wait_for_http
+
+        def exited() -> str | None:
+            return None if self.process.poll() is None else f"nginx exited ({self.process.returncode})"
+
+        try:
+            wait_for_http(self.url + LIVENESS, timeout_s, what=f"nginx on {self.url}", give_up=exited)
+        except WaitTimeout as e:
+            self.stop()
+            raise RuntimeError(f"{e}:\n{self.error_log()}") from None
+        return self
+
+    def error_log(self) -> str:
+        return self.error_log_path.read_text(errors="replace")[-6000:]
+
+    def access_log(self) -> list[dict[str, Any]]:
+        """Every access log line, parsed: each must be one JSON object."""
+        lines = self.access_log_path.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def stop(self) -> None:
+        """Graceful (SIGQUIT: open requests finish), then SIGTERM, then the process group killed."""
+        if self.process.poll() is None:
+            for sig, wait_s in ((signal.SIGQUIT, 10), (signal.SIGTERM, 5)):
+                self.process.send_signal(sig)
+                try:
+                    self.process.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            else:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._stdout.close()
+        self._stderr.close()
+
+    def __enter__(self) -> Proxy:
+        return self.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--upstream", default="127.0.0.1:5000", help="gunicorn's host:port")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--dir", type=Path, default=None, help="nginx's prefix (default: a temporary folder)")
+    args = p.parse_args()
+    folder = args.dir or Path(tempfile.mkdtemp(prefix="shim-proxy-"))
+    try:
+        # The limits follow the shim's settings, read from the same SHIM_* variables gunicorn reads.
+        proxy = Proxy(folder, args.upstream, settings=Settings.from_env(), port=args.port).wait()
+    except (FileNotFoundError, RuntimeError) as e:
+        print(f"proxy: {e}", file=sys.stderr)
+        return 2
+    print(f"proxy: nginx on {proxy.url} -> {args.upstream}; access log {proxy.access_log_path}, "
+          f"errors {proxy.error_log_path} (Ctrl-C stops it)", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5) and proxy.process.poll() is None:
+            pass
+    finally:
+        proxy.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
