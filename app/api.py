@@ -7,9 +7,10 @@ import logging
 import re
 import time
 import uuid
+from pathlib import Path
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from app import bodies, contract, metrics
 from app.errors import BackendError, Forbidden, InvalidRequest, MissingImage, ShimError, Unauthorized
@@ -24,6 +25,7 @@ bp = Blueprint("shim", __name__)
 REQUEST_ID_HEADER = "X-Request-ID"
 BACKEND_HEADER = "X-Shim-Backend"  # on answers: which backend answered; on requests: the QA override
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+OPENAPI = Path(__file__).with_name("openapi.json")
 
 
 def shim() -> Shim:
@@ -148,6 +150,12 @@ def _require_admin() -> None:
         raise Forbidden()
 
 
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    """The OpenAPI 3.1 description of every route (app/openapi.json), kept true by tests/integration."""
+    return Response(OPENAPI.read_bytes(), mimetype="application/json")
+
+
 @bp.get("/metrics")
 def prometheus_metrics() -> Response:
     return Response(metrics.exposition(), mimetype="text/plain; version=0.0.4")
@@ -169,7 +177,10 @@ def _http_error(e: HTTPException) -> tuple[Response, int]:
                                                       e.description or e.name))
     if status == 413:
         message = _too_large_message()
-    return jsonify(contract.error_body(code, message)), status
+    response = jsonify(contract.error_body(code, message))
+    if isinstance(e, MethodNotAllowed) and e.valid_methods:
+        response.headers["Allow"] = ", ".join(sorted(e.valid_methods))  # RFC 9110: a 405 names what is allowed
+    return response, status
 
 
 def _too_large_message() -> str:

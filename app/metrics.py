@@ -29,6 +29,9 @@ BATCH_SIZE = Histogram(
     buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
 BACKEND_ERRORS = Counter(
     "shim_backend_errors", "Requests whose backend call failed, by backend and error code", ["backend", "code"])
+CAPTURED = Counter(
+    "shim_captured_uploads", "Accepted uploads offered to SHIM_CAPTURE_DIR, by result: kept, skipped (over the rate), "
+    "error", ["result"])
 REJECTED = Counter(
     "shim_rejected_requests", "POST /predict requests refused before any work, by reason (overloaded: the "
     "worker held SHIM_MAX_PENDING requests)", ["reason"])
@@ -66,6 +69,8 @@ def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
     for reason in FALLBACK_REASONS:
         FALLBACKS.labels(reason)
     REJECTED.labels("overloaded")
+    for result in ("kept", "skipped", "error"):
+        CAPTURED.labels(result)
     for result in SHADOW_RESULTS:
         SHADOW_COMPARISONS.labels(result)
     for backend in backends:

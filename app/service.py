@@ -18,6 +18,7 @@ from app import metrics, preprocess
 from app.admission import Admission
 from app.backends.base import FP32
 from app.batching import Upstream
+from app.capture import Capture
 from app.contract import Prediction
 from app.routing import RequestContext, Router
 from app.scores import best, softmax
@@ -51,7 +52,7 @@ def top_k(logits: npt.NDArray[np.float32], labels: tuple[str, ...], k: int) -> l
 
 class PredictService:
     def __init__(self, *, model_name: str, spec: preprocess.ImageSpec, labels: tuple[str, ...], top_k: int,
-                 router: Router, upstream: Upstream, admission: Admission) -> None:
+                 router: Router, upstream: Upstream, admission: Admission, capture: Capture | None = None) -> None:
         self.model_name = model_name
         self._spec = spec
         self._labels = labels
@@ -59,6 +60,7 @@ class PredictService:
         self._router = router
         self._upstream = upstream
         self._admission = admission
+        self._capture = capture
 
     def predict(self, data: bytes, ctx: RequestContext) -> Answer:
         with self._upstream.on_the_way() as arrived:  # a batch may wait for this request while it decodes
@@ -71,6 +73,8 @@ class PredictService:
             arrived()
         routed = self._router.infer(prepared, ctx, decision)  # queue and infer are timed by the batcher
         predictions = stage("postprocess", lambda: top_k(routed.logits, self._labels, self._k))
+        if self._capture is not None:  # only what was decoded and answered: never a refused upload
+            self._capture.offer(data, ctx.request_id)
         return Answer(self.model_name, predictions, routed.backend, routed.fallback_reason)
 
 

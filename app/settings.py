@@ -72,6 +72,10 @@ class Settings:
     rollback_window_s: float = 60.0
     rollback_min_requests: int = 20
     admin_token: str = field(default="", repr=False)  # bearer token of PUT /admin/traffic; empty: API off
+    # Capture of accepted uploads, to replay them (python -m app.report); off unless a folder is set
+    capture_dir: Path | None = None
+    capture_per_minute: int = 60  # per worker
+    capture_max_mb: float = 1024.0  # the folder's size; the oldest files go first
     # The request contract
     top_k: int = 5
     max_upload_mb: float = 16.0
@@ -98,7 +102,8 @@ class Settings:
                "an octal file mode such as 0600 or 0666")
         _check(self.model_version == "" or self.model_version.isdigit(), "model_version", self.model_version,
                "empty (the served version) or a version number")
-        for name in ("triton_connect_timeout_s", "triton_timeout_s", "readiness_timeout_s", "max_upload_mb"):
+        for name in ("triton_connect_timeout_s", "triton_timeout_s", "readiness_timeout_s", "max_upload_mb",
+                     "capture_max_mb"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
         for name in ("flag_poll_s", "shadow_timeout_s", "breaker_reset_s", "rollback_window_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
@@ -111,6 +116,7 @@ class Settings:
         for name, low, high in [("max_batch_size", 1, 1024), ("batch_senders", 1, 64), ("top_k", 1, 1000),
                                 ("port", 1, 65535), ("workers", 1, 256), ("threads", 1, 1024),
                                 ("max_pending", 1, 1024), ("decode_slots", 1, 256), ("retry_after_s", 1, 3600),
+                                ("capture_per_minute", 1, 100_000),
                                 ("legacy_threads", 0, 1024), ("max_image_pixels", 1, 1 << 31),
                                 ("canary_percent", 0, 100), ("shadow_percent", 0, 100),
                                 ("shadow_max_inflight", 1, 256), ("shadow_log_per_minute", 0, 10000),

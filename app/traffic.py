@@ -88,6 +88,8 @@ class TrafficState:
 
     def _percent(self, changes: dict[str, Any], name: str) -> int:
         value = changes.get(name, getattr(self, name))
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 62.0 is the same JSON number as 62 (an integer to JSON Schema too)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
             raise InvalidTraffic(f"{name} must be a whole number from 0 to 100, not {str(value)[:40]!r}")
         return value
@@ -165,6 +167,11 @@ class TrafficFlag:
             info = self.path.stat() if self.path else None
         except FileNotFoundError:
             info = None
+        except OSError as e:  # e.g. a path through a regular file: the settings stay in force, and say why
+            if self._error is None:
+                log.error("flag file %s cannot be read (%s): the settings' mode stays in force", self.path, e)
+            self._error = f"flag file {self.path} cannot be read ({e.strerror}); the settings' mode is in force"
+            return
         if info is None:
             if self._seen is not None:  # the file was removed: back to the settings
                 self._seen, self._error = None, None

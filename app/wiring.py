@@ -10,6 +10,7 @@ from app.admission import Admission
 from app.backends.base import Backend
 from app.batching import Batcher, Upstream
 from app.breaker import CircuitBreaker
+from app.capture import Capture
 from app.preprocess import ImageSpec, configure_pillow
 from app.rollback import AutoRollback
 from app.routing import LEGACY, MODES_USING_LEGACY, TRITON, Router
@@ -79,6 +80,8 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
         chosen[LEGACY].start()  # load now, in the background, rather than on the first request
     admission = Admission(max_pending=settings.max_pending, slots=settings.decode_slots,
                           retry_after_s=settings.retry_after_s)
+    capture = Capture(settings.capture_dir, per_minute=settings.capture_per_minute,
+                      max_bytes=int(settings.capture_max_mb * 1024 * 1024)) if settings.capture_dir else None
     service = PredictService(model_name=settings.model_name, spec=spec, labels=labels, top_k=settings.top_k,
-                             router=router, upstream=upstream, admission=admission)
+                             router=router, upstream=upstream, admission=admission, capture=capture)
     return Shim(settings=settings, service=service, router=router, admission=admission)

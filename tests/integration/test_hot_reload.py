@@ -1,4 +1,4 @@
-"""Hot reload on a running server: a new version folder, one load call, no failed request."""
+"""Hot reload on a running server: a new version folder, one load call, no failed request, warm before ready."""
 
 from __future__ import annotations
 
@@ -58,6 +58,22 @@ def test_new_version_serves_after_load_and_no_request_fails(tmp_path: Path, test
             expected = v2_model(torch.from_numpy(image)).numpy()
         np.testing.assert_allclose(result.as_numpy("output__0"), expected, rtol=0, atol=1e-4)
         assert admin.get_model_metadata("resnet50")["versions"] == ["2"]
+
+        # Warm before ready: with no client sending, version 3 has run its model_warmup (2 runs of a batch
+        # of 8 on each of the 2 instances) by the time the load call returns, before any request.
+        stop.set()
+        sender.join(timeout=60)
+        staging = tmp_path / "staging3"
+        save_torchscript(build_model(TEST_ARCH, None, seed=2), staging / "model.pt", {"arch": TEST_ARCH, "seed": 2})
+        staging.rename(repo / "resnet50" / "3")
+        wait_until(lambda: (server.cpu_repo / "resnet50" / "3" / "model.py").is_file(), 10,
+                   "the CPU copy to pick up version 3")
+        admin.load_model("resnet50")
+        (stats,) = admin.get_inference_statistics("resnet50", "3")["model_stats"]
+        assert (int(stats["execution_count"]), int(stats["inference_count"])) == (4, 32), stats
+        admin.infer("resnet50", [_input(image)])
+        (stats,) = admin.get_inference_statistics("resnet50", "3")["model_stats"]
+        assert int(stats["execution_count"]) == 5, "the first request is the fifth run, not the first"
         admin.close()
     finally:
         stop.set()

@@ -211,3 +211,9 @@ def test_metrics_count_each_answer_by_backend_and_status(app: App) -> None:
     app.predict()
     app.predict(b"not an image")
     assert count("triton", "200") == ok + 1 and count("none", "400") == bad + 1
+
+
+def test_a_wrong_method_is_405_and_names_the_allowed_ones(app: App) -> None:
+    answer = app.client.get("/predict")
+    assert answer.status_code == 405 and answer.json["error"] == "method_not_allowed"
+    assert answer.headers["Allow"] == "OPTIONS, POST"

@@ -1,0 +1,116 @@
+"""app/openapi.json holds true of the live shim: schemathesis drives every operation it documents.
+
+The shim runs under real gunicorn against the session's real Triton. For each operation schemathesis
+sends the document's examples, its coverage cases (every boundary, every missing or mistyped field,
+undeclared methods) and a bounded number of generated requests, good and bad. Every answer must be
+documented (status, content type, headers, body), none may be a 5xx, and generated bad input must get
+one of the contract's 4xx. PUT /admin/traffic is sent with the right token (schemathesis then checks
+that no token and a wrong one are refused) to a shim of its own: its generated updates switch modes
+(legacy would start loading its model), which must not change what the other operations answer.
+
+What no request from outside can make happen (502, 503, 504, 409) is checked in-process against the
+same document in tests/unit/test_openapi.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import schemathesis
+
+from app.api import OPENAPI
+from app.embedded_triton import EmbeddedTriton
+from tests.conftest import start_shim
+from tests.support import encode, photo
+from tools.launch import ServedApp
+
+pytestmark = pytest.mark.triton
+TOKEN = "openapi-admin-token-0123456789"
+ADMIN = "/admin/traffic"
+# What generated bad input may get: the contract's refusals. Not 5xx (schemathesis's default allows it).
+CONTRACT_4XX = [400, 401, 403, 413]
+CHECKS = ["not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance",
+          "response_headers_conformance", "negative_data_rejection", "missing_required_header", "ignored_auth",
+          "unsupported_method"]
+CONFIG = schemathesis.Config.from_dict({
+    "seed": 13,  # the same cases on every run; change it to explore others
+    "request-timeout": 60,
+    # positive and negative: up to 25 generated requests per operation and mode, after examples and coverage
+    "generation": {"mode": "all", "max-examples": 25, "database": "none"},
+    "checks": {"enabled": False, **{name: {"enabled": True} for name in CHECKS},
+               "negative_data_rejection": {"enabled": True, "expected-statuses": CONTRACT_4XX}},
+    # Valid traffic updates must be accepted. Not for /predict: a generated `image` is rarely an image.
+    "operations": [{"include-path": ADMIN, "checks": {"positive_data_acceptance": {"enabled": True}}}],
+    "auth": {"openapi": {"adminToken": {"bearer": TOKEN}}},
+})
+SCHEMA = schemathesis.openapi.from_path(OPENAPI, config=CONFIG)
+
+
+@pytest.fixture(scope="module")
+def shim(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
+    """Every operation but PUT /admin/traffic: triton mode, as `make run` starts it (2 workers)."""
+    served = start_shim(tmp_path_factory.mktemp("openapi-shim"), triton_url=triton.http_url, repo=test_repo,
+                        model_pt=test_model_pt, mode="triton")
+    yield served.wait("/readyz")
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def admin_shim(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
+    """PUT /admin/traffic only: whatever mode the generated updates leave it in, nobody else asks it."""
+    served = start_shim(tmp_path_factory.mktemp("openapi-admin"), triton_url=triton.http_url, repo=test_repo,
+                        model_pt=test_model_pt, mode="triton", admin_token=TOKEN, workers=1)
+    yield served.wait("/healthz")
+    served.stop()
+
+
+@SCHEMA.parametrize()
+def test_every_operation_answers_as_documented(case: schemathesis.Case, shim: ServedApp,
+                                               admin_shim: ServedApp) -> None:
+    target = admin_shim if case.operation.path == ADMIN else shim
+    case.call_and_validate(base_url=target.url)
+
+
+def test_a_photo_gets_the_documented_answer_from_triton(shim: ServedApp) -> None:
+    """Generated uploads are mostly refused; a real photo must get the documented 200, with its headers."""
+    case = SCHEMA["/predict"]["POST"].Case(body={"image": encode(photo(320, 240, seed=13), "JPEG")},
+                                           headers={"X-Request-ID": "openapi-photo-1"})
+    answer = case.call_and_validate(base_url=shim.url)
+    assert answer.status_code == 200
+    assert answer.headers["x-request-id"] == ["openapi-photo-1"] and answer.headers["x-shim-backend"] == ["triton"]
+
+
+def test_an_upload_over_the_limit_gets_the_documented_413(shim: ServedApp) -> None:
+    case = SCHEMA["/predict"]["POST"].Case(body={"image": b"\0" * (17 * 1024 * 1024)})
+    assert case.call_and_validate(base_url=shim.url).status_code == 413
+
+
+def test_the_served_document_is_the_file(shim: ServedApp) -> None:
+    answer = requests.get(shim.url + "/openapi.json", timeout=10)
+    assert answer.status_code == 200 and answer.headers["Content-Type"] == "application/json"
+    assert answer.content == OPENAPI.read_bytes()
+
+
+def test_no_switch_reaches_the_shim_of_the_other_operations(shim: ServedApp, admin_shim: ServedApp) -> None:
+    kept = requests.get(shim.url + "/traffic", timeout=10).json()
+    assert (kept["mode"], kept["source"]) == ("triton", "env"), kept
+    for served in (shim, admin_shim):
+        assert "Traceback" not in served.log(), served.log()
+
+
+def test_a_percent_sent_as_62_point_0_is_accepted(admin_shim: ServedApp) -> None:
+    answer = requests.put(admin_shim.url + ADMIN, data='{"canary_percent": 62.0}', timeout=10,
+                          headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["canary_percent"] == 62
+
+
+def test_a_method_not_allowed_names_the_allowed_ones(shim: ServedApp) -> None:
+    answer = requests.get(shim.url + "/predict", timeout=10)
+    assert answer.status_code == 405 and answer.json()["error"] == "method_not_allowed"
+    assert answer.headers.get("Allow") == "OPTIONS, POST"  # Flask answers OPTIONS itself

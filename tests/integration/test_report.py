@@ -1,0 +1,291 @@
+"""python -m app.report end to end: the real command against the real Triton, a real shim, and dead ones."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from app.embedded_triton import EmbeddedTriton
+from app.report.__main__ import main
+from tests.conftest import TEST_ARCH, make_test_repo, start_shim, start_triton
+from tests.support import ROOT, encode, free_ports, photo
+from tools.launch import ServedApp
+
+IMAGE_COUNT = 12
+# Latency is the benchmark's business (README, Tests): the runs here judge answers, not this shared machine's speed.
+ANY_SPEED = ["--max-p99-ratio", "1000"]
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder as a capture leaves it: uploads named <time>-<request id>, some sidecars, a broken upload."""
+    folder = tmp_path_factory.mktemp("capture")
+    (folder / "2025-01-02").mkdir()
+    for i in range(IMAGE_COUNT):
+        fmt, ext = ("PNG", "png") if i % 5 == 4 else ("JPEG", "jpg")
+        where = folder / "2025-01-02" if i % 4 == 3 else folder
+        stem = f"20250102T0304{i:02d}Z-req{i:03d}"
+        (where / f"{stem}.{ext}").write_bytes(encode(photo(96 + 8 * i, 72, seed=700 + i), fmt))
+        if i < 3:
+            (where / f"{stem}.json").write_text(json.dumps({"request_id": f"req{i:03d}", "status": 200}))
+    (folder / "20250102T030499Z-broken.jpg").write_bytes(encode(photo(96, 72, seed=1))[:300])  # a cut upload
+    return folder
+
+
+def run_report(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    """The command as a pipeline runs it, with no SHIM_* setting of the test run leaking in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHIM_")}
+    return subprocess.run([sys.executable, "-m", "app.report", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout_s, check=False)
+
+
+def in_process(triton_url: str, repo: Path, model_pt: Path) -> list[str]:
+    return ["--triton-url", triton_url, "--legacy-model", str(model_pt),
+            "--labels", str(repo / "resnet50" / "labels.txt")]
+
+
+def results(out: Path) -> list[dict[str, str]]:
+    with (out / "results.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def assert_one_clear_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("migration report: "), done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+def test_the_same_model_on_triton_is_a_go(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
+                                          capture: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    done = run_report(str(capture), *in_process(triton.http_url, test_repo, test_model_pt), "--out", str(out),
+                      *ANY_SPEED)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(out / "report.md")
+    assert re.fullmatch(r"migration report: GO: 12 of 12 images compared, top-1 agreement 100%, errors 0, "
+                        r"4 skipped; .*report\.html", done.stderr.strip()), done.stderr  # progress: not a terminal
+    text = (out / "report.md").read_text()
+    assert "**Verdict: GO**: every check passes." in text
+    assert re.search(r"\| Triton \| 127\.0\.0\.1:\d+: triton server \d+\.\d+\.\d+; model 'resnet50' \(python\), "
+                     r"versions served: 1; transport ", text), text
+    assert f"export info: arch {TEST_ARCH}, seed 0" in text and "one image per call (batch size 1)" in text
+    assert "| Images | 16 files under" in text and "4 skipped inputs" in text
+    rows = results(out)
+    assert len(rows) == 16
+    compared = [r for r in rows if r["status"] == "compared"]
+    assert len(compared) == IMAGE_COUNT and all(r["same_top1"] == "1" for r in compared)
+    assert all(float(r["max_score_diff"]) <= 1e-5 for r in compared)  # the same weights on both paths
+    skipped = {r["file"] for r in rows if r["status"] == "skipped"}
+    assert skipped == {"20250102T030400Z-req000.json", "20250102T030401Z-req001.json",
+                       "20250102T030402Z-req002.json", "20250102T030499Z-broken.jpg"}
+    page = (out / "report.html").read_text()
+    assert len(re.findall(r"<svg\b", page)) == 3 and "GO" in page
+
+
+@pytest.fixture(scope="module")
+def seed1_model_pt() -> Path:
+    """Other weights for the same architecture, exported once and reused by later runs."""
+    from tools.export_model import build_model, read_export_info, save_torchscript
+
+    target = ROOT / ".cache" / "test-models" / f"{TEST_ARCH}-seed1.pt"
+    if (read_export_info(target) or {}).get("seed") != 1:
+        save_torchscript(build_model(TEST_ARCH, None, 1), target, {"arch": TEST_ARCH, "seed": 1})
+    return target
+
+
+def test_triton_serving_another_version_is_a_no_go_that_names_the_images(
+        test_model_pt: Path, seed1_model_pt: Path, capture: Path, tmp_path: Path) -> None:
+    repo = make_test_repo(tmp_path / "repo", test_model_pt)
+    for unused in ("normalize", "resnet50_uint8", "pipeline", "preprocess"):  # a faster start: tensors over HTTP
+        shutil.rmtree(repo / unused)
+    (repo / "resnet50" / "2").mkdir()
+    (repo / "resnet50" / "2" / "model.pt").symlink_to(seed1_model_pt)
+    other = start_triton(repo, tmp_path / "cache")  # serves version 2 only: other weights than the legacy model
+    try:
+        out = tmp_path / "report"
+        done = run_report(str(capture), *in_process(other.http_url, repo, test_model_pt), "--transport", "http",
+                          "--out", str(out), "--concurrency", "2", *ANY_SPEED)
+    finally:
+        other.stop()
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().startswith("migration report: NO-GO (failed: "), done.stderr
+    text = (out / "report.md").read_text()
+    assert text.splitlines()[2].startswith("**Verdict: NO-GO**")
+    assert "versions served: 2;" in text
+    assert re.search(r"^\| p99 score difference \|.*\| \*\*FAIL\*\* \|$", text, re.M), text
+    differs = sorted(r["file"] for r in results(out) if r["same_top1"] == "0")
+    assert differs, "other weights should change some top-1 answers"
+    listed = text.split("## Largest disagreements")[1].split("\n## ")[0]
+    named = [name for name in differs if f"| {name} |" in listed]
+    assert len(named) == min(len(differs), 10), (differs, listed)
+
+
+@pytest.mark.parametrize("kind", ["closed port", "accepts and never answers"])
+def test_a_dead_triton_is_one_clear_line_and_exit_2(kind: str, test_repo: Path, test_model_pt: Path, capture: Path,
+                                                     tmp_path: Path) -> None:
+    with socket.socket() as silent:
+        if kind == "closed port":
+            (port,) = free_ports(1)
+        else:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(16)
+            port = silent.getsockname()[1]
+        done = run_report(str(capture), *in_process(f"127.0.0.1:{port}", test_repo, test_model_pt),
+                          "--out", str(tmp_path / "report"), timeout_s=60)
+    assert done.returncode == 2, done.stderr
+    line = assert_one_clear_line(done)
+    assert f"Triton cannot be used: Triton model 'resnet50' at 127.0.0.1:{port}" in line
+    assert ("unreachable" if kind == "closed port" else "did not answer within") in line
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.fixture(scope="module")
+def shims(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServedApp]]:
+    """Two shims in triton mode, started together: one honours X-Shim-Backend, the other does not."""
+    tmp = tmp_path_factory.mktemp("report-shims")
+    served = {"override": start_shim(tmp, triton_url=triton.http_url, repo=test_repo, model_pt=test_model_pt,
+                                     mode="triton", workers=1, override_header="true"),
+              "plain": start_shim(tmp, triton_url=triton.http_url, repo=test_repo, model_pt=test_model_pt,
+                                  mode="triton", workers=1)}
+    try:
+        yield {name: shim.wait("/readyz") for name, shim in served.items()}
+    finally:
+        for shim in served.values():
+            shim.stop()
+
+
+def test_a_shim_that_honours_the_override_header_is_a_go(shims: dict[str, ServedApp], capture: Path,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    done = run_report(str(capture), "--shim-url", shims["override"].url, "--out", str(out), *ANY_SPEED)
+    assert done.returncode == 0, done.stderr + shims["override"].log()
+    text = (out / "report.md").read_text()
+    assert "**Verdict: GO**" in text and f"a running shim at {shims['override'].url}" in text
+    assert "| Shim | mode triton, transport " in text and "top-5 answers compared" in text
+    rows = results(out)
+    assert sum(r["status"] == "compared" for r in rows) == IMAGE_COUNT
+    assert sum(r["status"] == "skipped" for r in rows) == 4
+
+
+def test_a_shim_without_the_override_header_is_a_usage_error_naming_it(shims: dict[str, ServedApp], capture: Path,
+                                                                       tmp_path: Path) -> None:
+    done = run_report(str(capture), "--shim-url", shims["plain"].url, "--out", str(tmp_path / "report"))
+    assert done.returncode == 2, done.stderr
+    line = assert_one_clear_line(done)
+    assert "answered a request for legacy from triton" in line and "SHIM_OVERRIDE_HEADER=true" in line
+    assert not (tmp_path / "report").exists()
+
+
+def test_a_dead_shim_is_one_clear_line_and_exit_2(capture: Path, tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    done = run_report(str(capture), "--shim-url", f"http://127.0.0.1:{port}", timeout_s=60)
+    assert done.returncode == 2
+    assert f"the shim at http://127.0.0.1:{port} does not answer" in assert_one_clear_line(done)
+
+
+class FakeShim(BaseHTTPRequestHandler):
+    """The shim's HTTP seam, for what a real shim does not do today: fall back on a forced request, or ignore the
+    header in legacy mode. Images with an odd index fall back to legacy when `fallback` is set."""
+
+    protocol_version = "HTTP/1.1"
+    mode = "triton"
+    honours = True
+    fallback = False
+    # 504s legacy answers before its model is loaded: a counter that every request's handler instance shares
+    loading: list[int] = []  # noqa: RUF012
+
+    def do_GET(self) -> None:
+        self.answer(200, {"ready": True, "mode": self.mode, "transport": "http",
+                          "backends": {"triton": {"ready": True, "detail": "a fake Triton"}}}, None)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        asked = self.headers.get("X-Shim-Backend", "")
+        index = int(self.headers.get("X-Request-ID", "report-0-x").split("-")[1])
+        backend = asked if self.honours else ("legacy" if self.mode == "legacy" else "triton")
+        if backend == "triton" and self.fallback and index % 2:
+            backend = "legacy"
+        if backend == "legacy" and self.loading and self.loading[0] > 0:
+            self.loading[0] -= 1
+            self.answer(504, {"error": "backend_timeout", "message": "legacy is loading"}, "legacy")
+            return
+        predictions = [{"label": f"class {c}", "class_id": c, "score": s} for c, s in [(1, 0.6), (2, 0.3), (3, 0.1)]]
+        self.answer(200, {"model": "resnet50", "predictions": predictions}, backend)
+
+    def answer(self, status: int, body: dict[str, object], backend: str | None) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if backend:
+            self.send_header("X-Shim-Backend", backend)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def fake_shim(**behaviour: object) -> tuple[ThreadingHTTPServer, str]:
+    handler = type("Handler", (FakeShim,), behaviour)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_fallbacks_to_legacy_count_as_triton_errors(capture: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    server, url = fake_shim(fallback=True)
+    try:
+        code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report"), *ANY_SPEED])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 1, capsys.readouterr().err
+    rows = {r["file"]: r for r in results(tmp_path / "report")}
+    errors = [r for r in rows.values() if r["triton_error"]]
+    assert errors and all(r["triton_error"] == "fallback: legacy answered a request for triton" for r in errors)
+    assert all(r["status"] == "error" and r["triton_ms"] == "" for r in errors)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert re.search(rf"^\| errors \| {len(errors)} \(legacy 0, triton {len(errors)}\) \| <= 0 \| \*\*FAIL\*\* \|$",
+                     text, re.M), text
+
+
+def test_a_shim_in_legacy_mode_that_ignores_the_header_is_a_usage_error(
+        capture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    server, url = fake_shim(mode="legacy", honours=False)
+    try:
+        code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report")])
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert code == 2 and "answered a request for triton from legacy" in err and "SHIM_OVERRIDE_HEADER=true" in err
+
+
+def test_the_warm_up_waits_while_a_shim_loads_its_legacy_model(capture: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A shim in triton mode loads legacy on the first request routed there, which may time out meanwhile."""
+    loading = [2]
+    server, url = fake_shim(loading=loading)
+    try:
+        code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report"), *ANY_SPEED])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0, capsys.readouterr().err
+    assert loading == [0]
