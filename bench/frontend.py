@@ -275,7 +275,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
     (out / "logs").mkdir(parents=True, exist_ok=True)
     usable = len(os.sched_getaffinity(0))
     processes = args.floor_processes or usable
-    rows_planned = 1 + (not False) + len(args.transports) + 1 + bool(args.profile)
+    rows_planned = 2 + len(args.transports) + 1 + bool(args.profile)  # floor, legacy, shims, direct
     print(f"front-end benchmark: floor ({processes} processes), legacy front, shim x {', '.join(args.transports)}, "
           f"direct{', profile' if args.profile else ''}; clients {args.levels}, {args.warmup:g} s + "
           f"{args.duration:g} s per row: {rows_planned} rows, about "
@@ -298,16 +298,15 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
         front = FrontRun(args, out, loadgen, stopper)
         try:
             front.measure_floor(processes)
-            if not False:
-                with legacy_front(out, model_pt, labels, args.legacy_workers, args.legacy_threads,
-                                  front.run.stopper) as served:
-                    front.measure("legacy-front", "legacy", f"legacy front, gunicorn {args.legacy_workers}x"
-                                  f"{args.legacy_threads}",
-                                  f"examples/legacy_app.py under gunicorn, {args.legacy_workers} workers x "
-                                  f"{args.legacy_threads} threads, the near-free TorchScript model in-process "
-                                  "(torchvision transforms, softmax, top 5)",
-                                  served.url, front.run.predict_requests(served.url), b'"predictions"',
-                                  {"legacy": (served.process.pid,)})
+            with legacy_front(out, model_pt, labels, args.legacy_workers, args.legacy_threads,
+                              front.run.stopper) as served:
+                front.measure("legacy-front", "legacy", f"legacy front, gunicorn {args.legacy_workers}x"
+                              f"{args.legacy_threads}",
+                              f"examples/legacy_app.py under gunicorn, {args.legacy_workers} workers x "
+                              f"{args.legacy_threads} threads, the near-free TorchScript model in-process "
+                              "(torchvision transforms, softmax, top 5)",
+                              served.url, front.run.predict_requests(served.url), b'"predictions"',
+                              {"legacy": (served.process.pid,)})
             print("starting Triton (the near-free stand-in repository) ...", flush=True)
             triton = stack.start_triton(repo, work / "triton")
             try:

@@ -8,6 +8,7 @@ Each gets its marker from its folder: `pytest -m unit` runs in seconds, `make te
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,22 @@ from tools.launch import ServedApp
 
 TEST_ARCH = "resnet18"  # same input and output shapes as resnet50, a third of the compute
 SERVER_FIXTURES = {"triton", "triton_client", "shim_triton", "shim_legacy", "legacy_app", "switchable"}
+
+
+_STOPPING: list[threading.Thread] = []
+
+
+def stop_soon(server: ServedApp | EmbeddedTriton) -> None:
+    """Stop a server the tests are done with, quickly and in the background: a gunicorn with torch loaded
+    takes a second or two to exit, and the next tests need not wait for it. The session's end waits."""
+    thread = threading.Thread(target=server.stop, kwargs={"graceful": False}, name="stop-soon")
+    thread.start()
+    _STOPPING.append(thread)
+
+
+def pytest_sessionfinish() -> None:
+    for thread in _STOPPING:
+        thread.join(timeout=120)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -53,16 +70,22 @@ def normalize_model_pt() -> Path:
     return target
 
 
-def make_test_repo(dest: Path, model_pt: Path) -> Path:
-    """triton_repo as committed (configs, preprocess model.py), with `model_pt` as resnet50 version 1."""
+def make_test_repo(dest: Path, model_pt: Path, *, only_resnet50: bool = False) -> Path:
+    """triton_repo as committed (configs, preprocess model.py), with `model_pt` as resnet50 version 1.
+    `only_resnet50`: that model alone, for tests that send it tensors (a server with one torch stub fewer
+    and no preprocess starts in about half the time)."""
     from tools.export_model import write_labels
 
     shutil.copytree(TRITON_REPO, dest, ignore=shutil.ignore_patterns("model.pt", "labels.txt", "__pycache__"))
+    if only_resnet50:
+        for other in {p.name for p in dest.iterdir() if p.is_dir()} - {"resnet50"}:
+            shutil.rmtree(dest / other)
     write_labels(TEST_ARCH, dest / "resnet50" / "labels.txt")
     (dest / "resnet50" / "1").mkdir(exist_ok=True)
     (dest / "resnet50" / "1" / "model.pt").symlink_to(model_pt)
-    (dest / "normalize" / "1").mkdir(exist_ok=True)
-    (dest / "normalize" / "1" / "model.pt").symlink_to(normalize_model_pt())
+    if not only_resnet50:
+        (dest / "normalize" / "1").mkdir(exist_ok=True)
+        (dest / "normalize" / "1" / "model.pt").symlink_to(normalize_model_pt())
     return dest
 
 
@@ -83,7 +106,7 @@ def triton(test_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """One real Triton for the session. Tests must not change its repository: see hot-reload tests."""
     server = start_triton(test_repo, tmp_path_factory.mktemp("triton-cache"))
     yield server
-    server.stop()
+    stop_soon(server)
 
 
 @pytest.fixture
@@ -123,7 +146,7 @@ def shim_triton(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
     served = start_shim(tmp_path_factory.mktemp("shim-triton"), triton_url=triton.http_url, repo=test_repo,
                         model_pt=test_model_pt, mode="triton")
     yield served.wait("/readyz")
-    served.stop()
+    stop_soon(served)
 
 
 @pytest.fixture(scope="session")
@@ -133,11 +156,11 @@ def shim_legacy(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
     served = start_shim(tmp_path_factory.mktemp("shim-legacy"), triton_url=triton.http_url, repo=test_repo,
                         model_pt=test_model_pt, mode="legacy", workers=1)
     yield served.wait("/readyz")
-    served.stop()
+    stop_soon(served)
 
 
 @pytest.fixture(scope="session")
 def legacy_app(test_repo: Path, test_model_pt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
     served = start_legacy_app(tmp_path_factory.mktemp("legacy-app"), repo=test_repo, model_pt=test_model_pt)
     yield served.wait("/", status=404)  # it has no health endpoint: any contract answer means it is up
-    served.stop()
+    stop_soon(served)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.support import ROOT
+from tools import proxy
 
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILES = [ROOT / "Dockerfile", ROOT / "docker" / "triton.Dockerfile"]
@@ -146,3 +147,29 @@ def parse_selectors(expr: str) -> tuple[list[Selector], set[str]]:
 
     promql_parser.walk(tree, visit)
     return selectors, grouping
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """A Dockerfile's instructions, with `${ARG:-default}` as docker expands it when no build argument is given."""
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+    return [(line.split()[0].upper(), line.split(None, 1)[1]) for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def probe(c: dict[str, Any], kind: str) -> tuple[str, int]:
+    get = c[kind]["httpGet"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    return get["path"], ports.get(get["port"], get["port"])
+
+
+def nginx_or_skip() -> None:
+    """Skip where there is no nginx (`make nginx`), but fail under CI, where make test unpacks it."""
+    if proxy.nginx_binary() is None:
+        if os.environ.get("CI"):
+            pytest.fail(proxy.MISSING)
+        pytest.skip(proxy.MISSING)
+
+
+def env_of(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: str(e.get("value", "")) for e in c.get("env", [])}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zlib
@@ -53,10 +54,15 @@ def png_header_only(width: int, height: int) -> bytes:
 
 
 def valid_uploads() -> list[Upload]:
+    return list(_valid_uploads())
+
+
+@functools.cache  # three test modules parametrize over these at collection: make the 12 MP photo once
+def _valid_uploads() -> tuple[Upload, ...]:
     rgb = photo(640, 480, seed=1)
     cmyk = Image.fromarray(photo(500, 400, seed=4)).convert("CMYK")
     rgba = Image.fromarray(np.dstack([photo(300, 300, seed=5), np.full((300, 300), 180, np.uint8)]), "RGBA")
-    return [
+    return (
         image_upload("jpeg", encode(rgb, "JPEG", quality=90), "photo.jpg"),
         image_upload("png", encode(photo(400, 300, seed=2), "PNG"), "photo.png"),
         image_upload("grayscale jpeg", encode(Image.fromarray(photo(480, 640, seed=3)).convert("L"), "JPEG")),
@@ -67,7 +73,7 @@ def valid_uploads() -> list[Upload]:
         image_upload("webp", encode(photo(350, 250, seed=8), "WEBP", quality=85), "photo.webp"),
         image_upload("large jpeg 4000x3000", encode(photo(4000, 3000, seed=9), "JPEG", quality=80)),
         image_upload("1x1 png", encode(photo(1, 1, seed=10), "PNG")),
-    ]
+    )
 
 
 def bad_uploads() -> list[Upload]:

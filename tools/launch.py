@@ -41,9 +41,12 @@ class ServedApp:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-6000:]
 
-    def stop(self) -> None:
+    def stop(self, *, graceful: bool = True) -> None:
+        """SIGTERM: gunicorn lets in-flight requests and kept-alive connections finish (seconds). Otherwise
+        SIGQUIT, its quick shutdown, for callers that are done with it: the workers exit at once and the
+        master still reaps them (its child_exit hook runs: the shim's shared memory goes too)."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(signal.SIGTERM if graceful else signal.SIGQUIT)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -175,9 +175,14 @@ class EmbeddedTriton:
             raise EmbeddedTritonError(f"tritonserver was not ready within {timeout_s:.0f} s ({self._errors()}); "
                                       f"full log: {self.log_path}") from e
 
-    def stop(self) -> None:
+    def stop(self, *, graceful: bool = True) -> None:
+        """Stop the server: drained and unloaded (a few seconds), or killed at once with its stubs (tests
+        that only need it gone). Either way its /dev/shm files go too."""
         self._stop.set()
         process, self._process = self._process, None
+        if process is not None and process.poll() is None and not graceful:
+            os.killpg(process.pid, signal.SIGKILL)  # the server and its stubs, at once
+            process.wait()
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)  # Triton drains, then waits exit_timeout for clients
             try:

@@ -78,8 +78,8 @@ def raw_exchange(shim: ServedApp, head: bytes, body_chunks: list[bytes] = (), ti
                 sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # closed by the server already
-        try:
-            while True:
+        try:  # until the server closes, or one whole answer is in (a kept-alive connection stays open)
+            while not _one_whole_answer(received):
                 data = sock.recv(65536)
                 if not data:
                     break
@@ -87,6 +87,17 @@ def raw_exchange(shim: ServedApp, head: bytes, body_chunks: list[bytes] = (), ti
         except (ConnectionResetError, TimeoutError):
             pass
     return received
+
+
+def _one_whole_answer(raw: bytes) -> bool:
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False  # no length: the answer ends when the connection does
 
 
 def status_and_body(raw: bytes) -> tuple[int, dict]:

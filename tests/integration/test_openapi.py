@@ -23,7 +23,7 @@ import schemathesis
 
 from app.api import OPENAPI
 from app.embedded_triton import EmbeddedTriton
-from tests.conftest import start_shim
+from tests.conftest import start_shim, stop_soon
 from tests.support import encode, photo
 from tools.launch import ServedApp
 
@@ -56,7 +56,7 @@ def shim(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
     served = start_shim(tmp_path_factory.mktemp("openapi-shim"), triton_url=triton.http_url, repo=test_repo,
                         model_pt=test_model_pt, mode="triton")
     yield served.wait("/readyz")
-    served.stop()
+    stop_soon(served)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def admin_shim(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
     served = start_shim(tmp_path_factory.mktemp("openapi-admin"), triton_url=triton.http_url, repo=test_repo,
                         model_pt=test_model_pt, mode="triton", admin_token=TOKEN, workers=1)
     yield served.wait("/healthz")
-    served.stop()
+    stop_soon(served)
 
 
 @SCHEMA.parametrize()

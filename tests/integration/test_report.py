@@ -6,7 +6,6 @@ import csv
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 
 from app.embedded_triton import EmbeddedTriton
 from app.report.__main__ import main
-from tests.conftest import TEST_ARCH, make_test_repo, start_shim, start_triton
+from tests.conftest import TEST_ARCH, make_test_repo, start_shim, start_triton, stop_soon
 from tests.support import ROOT, encode, free_ports, photo
 from tools.launch import ServedApp
 
@@ -108,9 +107,7 @@ def seed1_model_pt() -> Path:
 
 def test_triton_serving_another_version_is_a_no_go_that_names_the_images(
         test_model_pt: Path, seed1_model_pt: Path, capture: Path, tmp_path: Path) -> None:
-    repo = make_test_repo(tmp_path / "repo", test_model_pt)
-    for unused in ("normalize", "resnet50_uint8", "pipeline", "preprocess"):  # a faster start: tensors over HTTP
-        shutil.rmtree(repo / unused)
+    repo = make_test_repo(tmp_path / "repo", test_model_pt, only_resnet50=True)  # tensors over HTTP
     (repo / "resnet50" / "2").mkdir()
     (repo / "resnet50" / "2" / "model.pt").symlink_to(seed1_model_pt)
     other = start_triton(repo, tmp_path / "cache")  # serves version 2 only: other weights than the legacy model
@@ -119,7 +116,7 @@ def test_triton_serving_another_version_is_a_no_go_that_names_the_images(
         done = run_report(str(capture), *in_process(other.http_url, repo, test_model_pt), "--transport", "http",
                           "--out", str(out), "--concurrency", "2", *ANY_SPEED)
     finally:
-        other.stop()
+        other.stop(graceful=False)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().startswith("migration report: NO-GO (failed: "), done.stderr
     text = (out / "report.md").read_text()
@@ -165,7 +162,7 @@ def shims(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
         yield {name: shim.wait("/readyz") for name, shim in served.items()}
     finally:
         for shim in served.values():
-            shim.stop()
+            stop_soon(shim)
 
 
 def test_a_shim_that_honours_the_override_header_is_a_go(shims: dict[str, ServedApp], capture: Path,

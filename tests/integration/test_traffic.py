@@ -17,7 +17,7 @@ import requests
 
 from app.embedded_triton import EmbeddedTriton
 from app.traffic import bucket
-from tests.conftest import start_shim
+from tests.conftest import start_shim, stop_soon
 from tests.support import encode, metric_sum, photo, scrape, wait_until
 from tools.launch import ServedApp
 
@@ -43,7 +43,7 @@ def switchable(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
 
     wait_until(legacy_loaded_everywhere, 180, "the legacy model in every worker")
     yield served
-    served.stop()
+    stop_soon(served)
 
 
 def switch(shim: ServedApp, **changes: object) -> float:

@@ -1,4 +1,9 @@
-"""Triton stopped under a running shim: contract 503s and readiness 503, then recovery on its own."""
+"""Triton stopped under a running shim: contract 503s and readiness 503, then recovery on its own.
+
+Triton serves tools/standin_repo.py's copy of triton_repo (numpy models with the same interfaces): what is
+tested is the shim's behaviour around a server that goes away, and a server without torch stubs starts in
+a few seconds (twice here).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import pytest
 import requests
 
 from app.embedded_triton import EmbeddedTriton
-from tests.conftest import make_test_repo, start_shim
+from tests.conftest import start_shim, start_triton
 from tests.support import encode, metric_max, photo, scrape, wait_until
 
 pytestmark = pytest.mark.triton
@@ -17,9 +22,9 @@ TIMEOUT_S = 3
 
 def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_path: Path,
                                                                          test_model_pt: Path) -> None:
-    repo = make_test_repo(tmp_path / "triton_repo", test_model_pt)
-    from tests.conftest import start_triton
+    from tools.standin_repo import write_standin_repo
 
+    repo = write_standin_repo(tmp_path / "triton_repo")
     triton = start_triton(repo, tmp_path / "cache")
     shim = start_shim(tmp_path, triton_url=triton.http_url, repo=repo, model_pt=test_model_pt,
                       triton_timeout_s=TIMEOUT_S, triton_connect_timeout_s=1, breaker_failures=3, breaker_reset_s=1,
@@ -29,7 +34,7 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
         shim.wait("/readyz")
         assert requests.post(shim.url + "/predict", files={"image": image}, timeout=60).status_code == 200
 
-        triton.stop()
+        triton.stop(graceful=False)
         # A refused connection is answered within the timeouts, not after some long hang.
         down = requests.post(shim.url + "/predict", files={"image": image}, timeout=TIMEOUT_S * 2 + 5)
         assert down.status_code == 503, down.text
@@ -55,5 +60,5 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
             assert again.status_code == 200, again.text
         assert metric_max(scrape(shim.url + "/metrics"), "shim_circuit_open", backend="triton") == 0
     finally:
-        shim.stop()
-        triton.stop()
+        shim.stop(graceful=False)
+        triton.stop(graceful=False)

@@ -116,3 +116,11 @@ def test_a_configmap_style_flag_is_followed_and_a_read_only_one_is_refused_with_
     with pytest.raises(FlagNotWritable, match="change the ConfigMap instead"):
         read_only.write({"mode": "triton"}, updated_by="admin-api")
     assert read_only.current().mode is Mode.LEGACY
+
+
+def test_a_flag_path_through_a_regular_file_keeps_the_settings_and_says_why(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where a folder should be")
+    flag = TrafficFlag(blocker / "traffic.json", TrafficState(mode=Mode.CANARY, canary_percent=5), poll_s=POLL_S)
+    assert (flag.current().mode, flag.current().source) == (Mode.CANARY, "env")  # start-up goes on
+    assert "cannot be read" in (flag.error or "") and "settings' mode is in force" in (flag.error or "")

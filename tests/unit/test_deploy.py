@@ -1,9 +1,9 @@
-"""docker-compose.yml, the Dockerfiles and deploy/k8s, checked by the real validators and against the code.
+"""docker-compose.yml, the Dockerfiles, deploy/k8s and deploy/nginx, checked by the real validators.
 
-No docker engine or cluster runs here: each file is validated by the tool its format has (the Compose
-specification's schema, hadolint, the Kubernetes schemas), each validator is shown to reject a broken
-copy, and what the files promise (ports, probes, settings, image versions) is checked against the shim and
-a real Triton.
+No server, docker engine or cluster runs here: each file is validated by the tool its format has (the
+Compose specification's schema, hadolint, the Kubernetes schemas, nginx -t), each validator is shown to
+reject a broken copy, and what the files promise (ports, probes, settings, limits) is checked against the
+shim's code. tests/integration/test_deploy_live.py checks the rest against a real shim, nginx and Triton.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import zipfile
@@ -23,10 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 import yaml
 
-from app.embedded_triton import EmbeddedTriton
 from app.settings import Settings
 from tests.deploy_support import (
     COMPOSE,
@@ -37,22 +34,22 @@ from tests.deploy_support import (
     compose,
     container,
     containers,
+    dockerfile_instructions,
+    env_of,
     k8s_manifests,
     k8s_object,
     k8s_objects,
+    nginx_or_skip,
     parse_selectors,
     run,
     series_name,
     tool,
     yaml_docs,
 )
-from tests.support import ROOT, encode, photo, wait_until
+from tests.support import ROOT
 from tools import proxy
-from tools.launch import ServedApp, free_port
+from tools.launch import free_port
 
-# The NGC image that ships each Triton server release the tests run (nvidia-pytriton's wheel). Triton's
-# numbering: NGC YY.MM <-> 2.N.0, one a month (22.12 is v2.29.0, so 24.10 is v2.51.0).
-NGC_RELEASE_OF = {"2.51.0": "24.10"}
 K8S_VERSIONS = ["1.29", "1.37"]  # the oldest Kubernetes still commonly run, the newest the validator ships
 SETTINGS_VARS = {f"SHIM_{f.name.upper()}" for f in dataclasses.fields(Settings)}
 
@@ -135,14 +132,6 @@ def test_hadolint_rejects_a_root_image_with_unpinned_packages(tmp_path: Path) ->
     assert {"DL3007", "DL3002", "DL3013"} <= set(re.findall(r"DL\d{4}", result.stdout)), result.stdout
 
 
-def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
-    """A Dockerfile's instructions, with `${ARG:-default}` as docker expands it when no build argument is given."""
-    text = re.sub(r"\\\n\s*", " ", path.read_text())
-    text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
-    return [(line.split()[0].upper(), line.split(None, 1)[1]) for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
-
-
 def test_the_shim_image_copies_sources_that_exist_and_that_dockerignore_lets_through() -> None:
     ignored = [p for p in (ROOT / ".dockerignore").read_text().splitlines() if p and not p.startswith("#")]
     assert {".venv", ".cache", "triton_repo/*/[0-9]*/model.pt"} <= set(ignored)
@@ -161,94 +150,6 @@ def test_the_shim_image_runs_gunicorn_as_non_root_with_a_healthcheck() -> None:
     assert last["ENTRYPOINT"] == '["gunicorn", "-c", "gunicorn.conf.py"]'
     assert "/healthz" in last["HEALTHCHECK"] and "curl" not in last["HEALTHCHECK"]
     assert ("ARG", "WITH_LEGACY=0") in steps  # the slim image is the default
-
-
-def stages(path: Path) -> dict[str, list[tuple[str, str]]]:
-    """A Dockerfile's instructions by stage name ("FROM image AS name"; unnamed: "final")."""
-    found: dict[str, list[tuple[str, str]]] = {}
-    current: list[tuple[str, str]] = []
-    for op, args in dockerfile_instructions(path):
-        if op == "FROM":
-            words = args.split()
-            current = found.setdefault(words[2] if len(words) == 3 and words[1].upper() == "AS" else "final", [])
-        current.append((op, args))
-    return found
-
-
-def copy_like_docker(steps: list[tuple[str, str]], dest_root: Path) -> None:
-    """Carry out a stage's COPY instructions from the build context (the repository) into dest_root."""
-    workdir = Path("/")
-    for op, args in steps:
-        if op == "WORKDIR":
-            workdir = Path(args)
-        if op != "COPY" or args.startswith("--from"):
-            continue
-        *sources, dest = args.split()
-        target = dest_root / (workdir / dest).relative_to("/")
-        for src in sources:
-            into = target / Path(src).name if dest.endswith("/") or len(sources) > 1 else target
-            into.parent.mkdir(parents=True, exist_ok=True)
-            if (ROOT / src).is_dir():
-                shutil.copytree(ROOT / src, into, ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                shutil.copy(ROOT / src, into)
-
-
-@pytest.mark.triton
-def test_the_files_the_shim_image_copies_are_enough_to_serve_predict(tmp_path: Path, triton: EmbeddedTriton,
-                                                                     test_repo: Path) -> None:
-    """No docker here: stage what the Dockerfile copies, install it as its build stage does (a wheel of
-    the copied sources, not this checkout), start gunicorn from the runtime stage's files, and serve."""
-    dockerfile = stages(ROOT / "Dockerfile")
-    copy_like_docker(dockerfile["build"], tmp_path / "build")
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    assert run(*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, tmp_path / "build/src").returncode == 0
-    assert run(*pip, "install", "--no-deps", "--target", site, *wheels.glob("*.whl")).returncode == 0
-    copy_like_docker(dockerfile["runtime"], tmp_path / "image")
-    workdir = tmp_path / "image" / "srv" / "shim"
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHIM_") and k != "PROMETHEUS_MULTIPROC_DIR"}
-    env.update(PYTHONPATH=str(site), SHIM_HOST="127.0.0.1", SHIM_PORT=str(port), SHIM_WORKERS="1",
-               SHIM_TRITON_URL=triton.http_url, SHIM_MODE="triton",
-               SHIM_LABELS_PATH=str(test_repo / "resnet50" / "labels.txt"))
-    where = subprocess.run([sys.executable, "-c", "import app; print(app.__file__)"], cwd=workdir, env=env,
-                           capture_output=True, text=True, check=True).stdout
-    assert where.startswith(str(site)), f"app was imported from {where}, not from the staged image"
-    log = tmp_path / "shim.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"], cwd=workdir, env=env,
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: ready(url) or server.poll() is not None, 90, "the staged shim's /readyz")
-        assert server.poll() is None, log.read_text()
-        answer = requests.post(url + "/predict", files={"image": ("p.jpg", encode(photo(64, 48)))}, timeout=60)
-        assert answer.status_code == 200 and len(answer.json()["predictions"]) == 5, answer.text
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=30)
-
-
-def ready(url: str) -> bool:
-    try:
-        return requests.get(url + "/readyz", timeout=5).status_code == 200
-    except requests.ConnectionError:
-        return False
-
-
-@pytest.mark.triton
-def test_the_triton_image_is_the_ngc_release_of_the_server_the_tests_run(triton: EmbeddedTriton) -> None:
-    server = requests.get(f"http://{triton.http_url}/v2", timeout=10).json()
-    release = NGC_RELEASE_OF.get(server["version"])
-    assert release, f"the wheel's Triton is {server['version']}: add its NGC release to NGC_RELEASE_OF"
-    image = f"nvcr.io/nvidia/tritonserver:{release}-py3"
-    assert f"ARG TRITON_IMAGE={image}" in (ROOT / "docker" / "triton.Dockerfile").read_text()
-    assert compose()["services"]["triton"]["image"].endswith(f":{release}")
-    assert container(k8s_object("Deployment", "triton"))["image"].endswith(f":{release}")
-    (kustomization,) = yaml_docs(K8S / "kustomization.yaml")
-    assert {"name": "flask-triton-shim/triton", "newName": "flask-triton-shim/triton", "newTag": release} \
-        in kustomization["images"]
 
 
 def test_the_exported_model_loads_in_the_triton_images_libtorch(test_model_pt: Path) -> None:
@@ -281,59 +182,6 @@ def test_kustomization_lists_every_manifest_of_the_namespace() -> None:
     images = {i["name"] for i in kustomization["images"]}
     used = {c["image"].split(":")[0] for o in k8s_objects() if o["kind"] == "Deployment" for c in containers(o)}
     assert used == images
-
-
-def probe(c: dict[str, Any], kind: str) -> tuple[str, int]:
-    get = c[kind]["httpGet"]
-    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    return get["path"], ports.get(get["port"], get["port"])
-
-
-@pytest.mark.triton
-def test_probes_hit_endpoints_that_answer_on_the_real_shim_proxy_and_triton(shim_triton: ServedApp,
-                                                                            triton: EmbeddedTriton,
-                                                                            tmp_path: Path) -> None:
-    """The shim pod's probes: readiness through nginx (deploy/nginx's configuration, in front of a real shim),
-    start-up and liveness on gunicorn itself, nginx's own liveness; Triton's on the real Triton."""
-    deployment = k8s_object("Deployment", "shim")
-    shim, front, server = container(deployment), container(deployment, "proxy"), container(k8s_object("Deployment",
-                                                                                                      "triton"))
-    proxy_port = int(env_of(front)["PROXY_PORT"])
-    assert "readinessProbe" not in shim  # the proxy's /readyz answers for both containers
-    assert probe(shim, "startupProbe") == probe(shim, "livenessProbe") == ("/healthz", Settings().port)
-    assert probe(front, "readinessProbe") == ("/readyz", proxy_port)
-    assert probe(front, "livenessProbe") == (proxy.LIVENESS, proxy_port)
-    assert probe(server, "readinessProbe") == ("/v2/health/ready", 8000)
-    assert probe(server, "livenessProbe")[0] == "/v2/health/live"
-    for kind in ("startupProbe", "livenessProbe"):
-        assert requests.get(shim_triton.url + probe(shim, kind)[0], timeout=10).status_code == 200
-    nginx = proxy_in_front_of(shim_triton, tmp_path)
-    try:
-        for kind in ("readinessProbe", "livenessProbe"):
-            answer = requests.get(nginx.url + probe(front, kind)[0], timeout=10)
-            assert answer.status_code == 200 and answer.headers["Server"] == "nginx", (kind, answer.text)
-    finally:
-        nginx.stop()
-    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert requests.get(f"http://{triton.http_url}{probe(server, kind)[0]}", timeout=10).status_code == 200
-
-
-def nginx_or_skip() -> None:
-    """Skip where there is no nginx (`make nginx`), but fail under CI, where make test unpacks it."""
-    if proxy.nginx_binary() is None:
-        if os.environ.get("CI"):
-            pytest.fail(proxy.MISSING)
-        pytest.skip(proxy.MISSING)
-
-
-def proxy_in_front_of(shim: ServedApp, folder: Path) -> proxy.Proxy:
-    """deploy/nginx's nginx in front of a running shim."""
-    nginx_or_skip()
-    return proxy.Proxy(folder / "nginx", f"127.0.0.1:{shim.port}").wait()
-
-
-def env_of(c: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: str(e.get("value", "")) for e in c.get("env", [])}
 
 
 def test_services_select_their_pods_and_the_shim_finds_triton() -> None:
@@ -636,12 +484,13 @@ def test_the_ci_dockerfiles_pass_hadolint() -> None:
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
-def test_the_compose_stack_tests_stay_out_of_make_test() -> None:
-    """`make test` runs `pytest` on tests/ with no docker: tests/compose/ is collected only under COMPOSE_STACK=1."""
-    env = {k: v for k, v in os.environ.items() if k != "COMPOSE_STACK"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/compose"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, check=False, timeout=120)
-    assert "test_stack.py" not in result.stdout, result.stdout
+def test_the_compose_and_hostile_suites_stay_out_of_make_test() -> None:
+    """`make test` runs `pytest` on tests/ with no docker and no attack: tests/compose/ and tests/hostile/ are
+    collected only under COMPOSE_STACK=1 and HOSTILE_STACK=1 (make compose-test, make hostile-test)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COMPOSE_STACK", "HOSTILE_STACK")}
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/compose", "tests/hostile"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=120)
+    assert "test_" not in result.stdout, result.stdout
     assert result.returncode in {0, 5}, result.stdout + result.stderr  # 5: nothing collected
 
 
@@ -819,12 +668,3 @@ def test_kustomize_generates_the_proxy_configmap_from_deploy_nginx(tmp_path: Pat
     for version in K8S_VERSIONS:
         result = run(tool("kubernetes-validate"), "--strict", "-k", version, built)
         assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_the_hostile_suite_stays_out_of_make_test() -> None:
-    """`make test` runs `pytest` on tests/: tests/hostile/ is collected only under HOSTILE_STACK=1."""
-    env = {k: v for k, v in os.environ.items() if k != "HOSTILE_STACK"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/hostile"], cwd=ROOT,
-                            env=env, capture_output=True, text=True, check=False, timeout=120)
-    assert "test_" not in result.stdout, result.stdout
-    assert result.returncode in {0, 5}, result.stdout + result.stderr

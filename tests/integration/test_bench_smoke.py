@@ -1,0 +1,121 @@
+"""`python -m bench --frontend --quick` end to end: no assertion on speed.
+
+The front-end rows (floor, legacy front, the shim, direct) at one concurrency level with short windows:
+every row must answer every request it was sent, the CPU columns must come from the real process trees,
+and the report's files parse. The Flask-vs-Triton benchmark's quick form runs in CI as `make bench-quick`
+(it exits non-zero when a request fails); its pure parts are in tests/unit/test_bench_parts.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import cpu
+from tests.support import ROOT
+
+# One of the shim's transports, the one `auto` settles on here. The benchmark's code is the same for every
+# transport (one setting in the shim's environment); tests/integration/test_transports.py covers each of them.
+TRANSPORTS = ("shm",)
+CLIENTS = 8
+Run = tuple[Path, dict[str, Any], float]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    out = tmp_path_factory.mktemp("bench") / "out"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "bench", "--frontend", "--quick", "--concurrency", str(CLIENTS),
+                           "--warmup", "0.3", "--duration", "1.0", "--legacy-workers", "1",
+                           "--transports", ",".join(TRANSPORTS), "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=280)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-5000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    return out, json.loads((out / "results.json").read_text()), elapsed
+
+
+# -- the front-end rows ---------------------------------------------------------------------------------------
+
+def front_rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["config"]: r for r in report["results"]}
+
+
+@pytest.mark.triton
+@pytest.mark.timeout(300)
+def test_every_front_end_row_answers_without_errors(quick_run: Run) -> None:
+    out, report, _ = quick_run
+    rows = front_rows(report)
+    transports = report["settings"]["transports"]
+    assert transports == list(TRANSPORTS)
+    assert set(rows) == {"floor", "legacy-front", *(f"shim-{t}" for t in transports), "direct-front"}
+    for r in rows.values():
+        assert (r["errors"], r["warmup_errors"], r["unfinished"]) == (0, 0, 0), r
+        assert r["answers"] > 0, r
+        assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"], r
+    for t in transports:
+        row = rows[f"shim-{t}"]
+        assert row["transport"] == t
+        # A shim from before SHIM_TRANSPORT says nothing; one that knows it must run what it was asked.
+        assert row["transport_reported"] in ("unknown", t), row
+        assert row["breakdown"]["shim"]["requests"] > 0 and row["breakdown"]["triton"]["requests"] > 0
+    # The near-free model was written into the run's folder, never into triton_repo.
+    repo = Path(report["model"]["repository"])
+    assert repo.is_relative_to(out) and "backend: \"python\"" in (repo / "resnet50" / "config.pbtxt").read_text()
+    assert (ROOT / "triton_repo" / "resnet50" / "1" / "model.py").exists() is False
+
+
+@pytest.mark.triton
+@pytest.mark.timeout(300)
+def test_front_end_cpu_comes_from_the_process_trees(quick_run: Run) -> None:
+    _, report, _ = quick_run
+    rows = front_rows(report)
+    usable = len(os.sched_getaffinity(0))
+    floor = rows["floor"]
+    assert floor["processes"] == usable == floor["cpu"]["floor"]["processes"]
+    assert floor["cpu_ms_per_image"]["floor"] > 0
+    transports = report["settings"]["transports"]
+    expected = {"legacy-front": {"legacy", "loadgen"}, "direct-front": {"triton", "loadgen"},
+                **{f"shim-{t}": {"shim", "triton", "loadgen"} for t in transports}}
+    for config, groups in expected.items():
+        r = rows[config]
+        assert set(r["cpu"]) == groups | {"machine"}, r["cpu"]
+        for group in groups:
+            assert r["cpu"][group]["cpu_s"] > 0 and r["cpu_ms_per_image"][group] > 0, (config, group, r["cpu"])
+        # The whole machine was busy at least as long as the measured groups, within a tick per process.
+        measured = sum(r["cpu"][g]["cpu_s"] for g in groups)
+        slack = sum(r["cpu"][g]["processes"] for g in groups) / cpu.CLOCK_TICKS
+        assert r["machine"]["busy_s"] >= measured - slack - 0.05, r["cpu"]
+        assert 0 <= r["machine"]["idle_pct"] <= 100
+    workers = report["settings"]["shim_workers"]
+    for t in transports:
+        cpu_groups = rows[f"shim-{t}"]["cpu"]
+        assert cpu_groups["shim"]["processes"] == workers + 1  # gunicorn's master and its workers
+        assert cpu_groups["triton"]["processes"] >= 2  # tritonserver and its python-backend stubs
+    assert rows["legacy-front"]["cpu"]["legacy"]["processes"] == report["settings"]["legacy_workers"] + 1
+
+
+@pytest.mark.triton
+@pytest.mark.timeout(300)
+def test_front_end_report_parses(quick_run: Run) -> None:
+    out, report, elapsed = quick_run
+    lines = (out / "results.md").read_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| row | transport |"))
+    table = lines[header + 2:header + 2 + len(report["results"])]
+    assert len(table) == len(report["results"]) and lines[header + 2 + len(table)] == ""
+    assert [line.split(" | ")[0].lstrip("| ") for line in table] == [
+        r["label"] for r in sorted(report["results"], key=lambda r: ("floor", "legacy", "shim", "direct").index(
+            r["kind"]))]
+    checks = [line.strip() for line in lines if line.strip().startswith(("PASS", "NOT MET", "n/a"))]
+    assert len(checks) == 3, lines
+    (level,) = report["ratios"]
+    transports = report["settings"]["transports"]
+    assert level["best_transport"] in transports and len(level["transports"]) == len(transports)
+    assert all(c["value"] is not None and c["met"] in (True, False) for c in level["checks"]), level
+    print(f"bench --frontend --quick took {elapsed:.0f} s")

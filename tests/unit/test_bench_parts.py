@@ -1,0 +1,74 @@
+"""The benchmark's parts that need no server: Triton variants, CPU accounting from /proc, the profile summary."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import cpu
+from bench.profile import parse_raw, top
+from tests.support import wait_until
+
+
+def test_instances_variant_has_no_dynamic_batching(tmp_path: Path) -> None:
+    """Configuration (2)'s repository, as bench/stack.py writes it for Triton: no batching, 2 instances."""
+    from google.protobuf import text_format
+
+    from app.embedded_triton.cpu_repo import read_config
+    from bench import stack
+
+    model_pt = tmp_path / "model.pt"
+    model_pt.write_bytes(b"not read")
+    for variant, batching in ((stack.Variant("instances", 2, dynamic_batching=False), False),
+                              (stack.Variant("batching", 2, dynamic_batching=True), True)):
+        repo = stack.variant_repo(tmp_path / "repos", variant, model_pt)
+        config = read_config(repo / "resnet50" / "config.pbtxt")
+        assert config.HasField("dynamic_batching") is batching, text_format.MessageToString(config)
+        assert [g.count for g in config.instance_group] == [2]
+        assert (repo / "resnet50" / "1" / "model.pt").resolve() == model_pt.resolve()
+
+
+# -- the pure parts -------------------------------------------------------------------------------------------
+
+def test_cpu_window_counts_new_and_exited_processes() -> None:
+    # Group "g": 10 (root) -> 11 (alive throughout), 12 (exits, reaped by 10), 13 (appears).
+    start = cpu.Snapshot({"g": {10: (100, 0), 11: (50, 0), 12: (30, 0)}})
+    end = cpu.Snapshot({"g": {10: (110, 45), 11: (70, 0), 13: (5, 0)}})
+    # 10: +10 own, +45 reaped (12's whole 45 ticks) ; 11: +20 ; 13: +5 from 0 ; 12 had 30 before the window.
+    got = cpu.window_seconds(start, end)["g"]
+    assert got["cpu_s"] == pytest.approx((10 + 45 + 20 + 5 - 30) / cpu.CLOCK_TICKS)
+    assert (got["processes"], got["processes_at_start"]) == (3, 3)
+
+
+def test_cpu_snapshot_reads_this_process_tree() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a child that burns CPU until killed
+    try:
+        first = cpu.snapshot({"me": (os.getpid(),)})
+        wait_until(lambda: cpu.window_seconds(first, cpu.snapshot({"me": (os.getpid(),)}))["me"]["cpu_s"] > 0.05,
+                   30, "the child's CPU time to show in the tree's")
+        assert child.pid in cpu.snapshot({"me": (os.getpid(),)}).groups["me"]
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_profile_summary_ranks_own_and_total_time(tmp_path: Path) -> None:
+    source = tmp_path / "worker.py"
+    source.write_text("def run():\n    item = queue.get(block=True)\n    handle(item)\n")
+    w = f"run ({source}:2)"  # a thread blocked in queue.get: waiting, whatever py-spy thought
+    raw = (f"run ({source}:3);handle (/x/site-packages/app.py:5);decode (/x/app/pre.py:9) 60\n"
+           f"run ({source}:3);handle (/x/site-packages/app.py:5) 30\n"
+           f"run ({source}:3);handle (/x/site-packages/app.py:5);to_tensor (/x/app/pre.py:20) 10\n"
+           f"{w} 50\n")
+    stacks, samples = parse_raw(raw)
+    assert samples == 150
+    ranked = top(stacks, limit=2)
+    assert (ranked["working_samples"], ranked["waiting_samples"]) == (100, 50)
+    assert [(e["function"], e["own_pct"]) for e in ranked["by_own"]] == [("decode (app/pre.py)", 60.0),
+                                                                          ("handle (app.py)", 30.0)]
+    assert [(e["function"], e["total_pct"]) for e in ranked["by_total"]] == [("handle (app.py)", 100.0),
+                                                                             (f"run ({source})", 100.0)]
