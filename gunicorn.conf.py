@@ -32,6 +32,7 @@ accesslog = None  # the app logs every /predict as one JSON line with its reques
 errorlog = "-"
 loglevel = _settings.log_level.lower()
 logconfig_dict = gunicorn_logconfig(_settings.log_level)  # every line JSON: gunicorn's own and warnings too
+logger_class = "app.gunicorn_logger.QuietAccessLogger"  # no access-line work for a line that is dropped
 control_socket_disable = True  # gunicorn >= 25: several shims on one host would share one socket
 
 # Folders made for this run only, removed when gunicorn exits.

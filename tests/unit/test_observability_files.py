@@ -79,3 +79,30 @@ def test_the_dashboard_has_the_panels_operators_watch_on_the_provisioned_datasou
                   if v.startswith("./"))
     assert mounts["./" + str(DASHBOARD.parent.relative_to(GRAFANA.parent.parent))] == provider["options"]["path"]
     assert dashboard()["uid"] and dashboard()["title"]
+
+
+def test_gunicorn_builds_no_access_line_that_its_logger_would_drop() -> None:
+    """gunicorn.conf.py's logger: the access logger is at WARNING (app/logs.py), so a request costs no
+    access-line atoms; set it to INFO and the line is built and written again."""
+    import logging
+
+    from gunicorn.config import Config
+
+    from app.gunicorn_logger import QuietAccessLogger
+    from app.logs import gunicorn_logconfig
+
+    root, access = logging.getLogger(), logging.getLogger("gunicorn.access")
+    saved = (root.level, list(root.handlers), access.level, list(access.handlers), access.propagate)
+    try:
+        cfg = Config()
+        cfg.set("logconfig_dict", gunicorn_logconfig("INFO"))
+        logger = QuietAccessLogger(cfg)  # applies the logconfig, as in a worker
+        built: list[str] = []
+        logger.atoms = lambda *args: built.append("atoms") or {}  # type: ignore[method-assign]
+        logger.access(None, None, {}, None)
+        assert built == []
+        access.setLevel(logging.INFO)
+        logger.access(None, None, {}, None)
+        assert built == ["atoms"]
+    finally:  # the logconfig changed this process's loggers: put them back
+        root.level, root.handlers, access.level, access.handlers, access.propagate = saved
