@@ -50,10 +50,10 @@ def _finish(response: Response) -> Response:
         response.headers[BACKEND_HEADER] = g.backend
     if request.endpoint == "shim.predict" or request.path == "/predict":
         backend = g.get("backend", "none")
+        elapsed = time.perf_counter() - g.get("started", time.perf_counter())  # one figure: metric and log agree
         metrics.REQUESTS.labels(backend, shim().router.mode.value, str(response.status_code)).inc()
-        metrics.REQUEST_SECONDS.labels(backend).observe(time.perf_counter() - g.get("started", time.perf_counter()))
-        extra = {"status": response.status_code, "backend": backend,
-                 "duration_ms": round((time.perf_counter() - g.started) * 1000, 2)}
+        metrics.REQUEST_SECONDS.labels(backend).observe(elapsed)
+        extra = {"status": response.status_code, "backend": backend, "duration_ms": round(elapsed * 1000, 2)}
         if "fallback" in g:
             extra["fallback"] = g.fallback
         log.info("%s %s %d", request.method, request.path, response.status_code, extra=extra)

@@ -49,14 +49,10 @@ CONFIG = schemathesis.Config.from_dict({
 SCHEMA = schemathesis.openapi.from_path(OPENAPI, config=CONFIG)
 
 
-@pytest.fixture(scope="module")
-def shim(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
-    """Every operation but PUT /admin/traffic: triton mode, as `make run` starts it (2 workers)."""
-    served = start_shim(tmp_path_factory.mktemp("openapi-shim"), triton_url=triton.http_url, repo=test_repo,
-                        model_pt=test_model_pt, mode="triton")
-    yield served.wait("/readyz")
-    stop_soon(served)
+@pytest.fixture(scope="session")  # session-scoped as the one it names: schemathesis reuses it across inputs
+def shim(shim_triton: ServedApp) -> ServedApp:
+    """Every operation but PUT /admin/traffic: the session's shim in triton mode, as `make run` starts it."""
+    return shim_triton
 
 
 @pytest.fixture(scope="module")

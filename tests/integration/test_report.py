@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -237,21 +238,23 @@ class FakeShim(BaseHTTPRequestHandler):
         pass
 
 
-def fake_shim(**behaviour: object) -> tuple[ThreadingHTTPServer, str]:
+@contextlib.contextmanager
+def fake_shim(**behaviour: object) -> Iterator[str]:
+    """A FakeShim with `behaviour` serving on a free port while the block runs; yields its URL."""
     handler = type("Handler", (FakeShim,), behaviour)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_fallbacks_to_legacy_count_as_triton_errors(capture: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    server, url = fake_shim(fallback=True)
-    try:
+    with fake_shim(fallback=True) as url:
         code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report"), *ANY_SPEED])
-    finally:
-        server.shutdown()
-        server.server_close()
     assert code == 1, capsys.readouterr().err
     rows = {r["file"]: r for r in results(tmp_path / "report")}
     errors = [r for r in rows.values() if r["triton_error"]]
@@ -264,12 +267,8 @@ def test_fallbacks_to_legacy_count_as_triton_errors(capture: Path, tmp_path: Pat
 
 def test_a_shim_in_legacy_mode_that_ignores_the_header_is_a_usage_error(
         capture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    server, url = fake_shim(mode="legacy", honours=False)
-    try:
+    with fake_shim(mode="legacy", honours=False) as url:
         code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report")])
-    finally:
-        server.shutdown()
-        server.server_close()
     err = capsys.readouterr().err
     assert code == 2 and "answered a request for triton from legacy" in err and "SHIM_OVERRIDE_HEADER=true" in err
 
@@ -278,11 +277,7 @@ def test_the_warm_up_waits_while_a_shim_loads_its_legacy_model(capture: Path, tm
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A shim in triton mode loads legacy on the first request routed there, which may time out meanwhile."""
     loading = [2]
-    server, url = fake_shim(loading=loading)
-    try:
+    with fake_shim(loading=loading) as url:
         code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report"), *ANY_SPEED])
-    finally:
-        server.shutdown()
-        server.server_close()
     assert code == 0, capsys.readouterr().err
     assert loading == [0]
