@@ -8,8 +8,10 @@ Each gets its marker from its folder: `pytest -m unit` runs in seconds, `make te
 from __future__ import annotations
 
 import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -34,9 +36,44 @@ def stop_soon(server: ServedApp | EmbeddedTriton) -> None:
     _STOPPING.append(thread)
 
 
-def pytest_sessionfinish() -> None:
-    for thread in _STOPPING:
-        thread.join(timeout=120)
+class EarlyTriton:
+    """The session's Triton, booted in a background thread as soon as collection ends when a selected test
+    needs it: it starts (a torch stub per model, about 10 s here) while the in-process unit tests run."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.repo: Future[Path] = Future()
+        self.server: Future[EmbeddedTriton] = Future()
+        self.base: Path | None = None
+
+    def start(self) -> None:
+        """The models are exported here, on the main thread: torch must never be imported or run by two
+        threads at once (seen: kernels registered twice, then a segfault). The thread only starts a process."""
+        self.started = True
+        self.base = Path(tempfile.mkdtemp(prefix="shim-tests-triton-"))
+        try:
+            self.repo.set_result(make_test_repo(self.base / "triton_repo", export_test_model()))
+        except Exception as e:  # the fixtures that wait for it raise it in the test that asked
+            self.repo.set_exception(e)
+            self.server.set_exception(e)
+            return
+        threading.Thread(target=self._boot, args=(self.repo.result(),), name="early-triton", daemon=True).start()
+
+    def _boot(self, repo: Path) -> None:
+        assert self.base is not None
+        try:
+            self.server.set_result(start_triton(repo, self.base / "triton-cache"))
+        except BaseException as e:
+            self.server.set_exception(e)
+
+    def close(self) -> None:
+        if self.started and self.server.done() and self.server.exception() is None:
+            self.server.result().stop(graceful=False)  # nothing when the `triton` fixture stopped it already
+        if self.base is not None:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+_EARLY = EarlyTriton()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -46,17 +83,46 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(f"{item.nodeid} is a unit test but asks for a server: move it to tests/integration")
         marked = item.get_closest_marker("integration") or item.get_closest_marker("triton")
         item.add_marker("integration" if "integration" in item.path.parts or starts_server or marked else "unit")
+    items.sort(key=lambda item: "unit" not in item.path.parts)  # stable: the unit tests first, in their order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    if any("triton" in getattr(item, "fixturenames", ()) for item in session.items):
+        _EARLY.start()
+
+
+def pytest_sessionfinish() -> None:
+    for thread in _STOPPING:
+        thread.join(timeout=120)
+    _EARLY.close()
+
+
+_EXPORTS = threading.RLock()  # the early Triton's thread and the fixtures export the same files
+
+
+def export_test_model(seed: int = 0) -> Path:
+    """A seeded resnet18 TorchScript file, exported once and reused by later runs."""
+    from tools.export_model import build_model, read_export_info, save_torchscript
+
+    target = ROOT / ".cache" / "test-models" / f"{TEST_ARCH}-seed{seed}.pt"
+    with _EXPORTS:
+        info = read_export_info(target) or {}
+        if (info.get("arch"), info.get("seed")) != (TEST_ARCH, seed):
+            save_torchscript(build_model(TEST_ARCH, None, seed), target, {"arch": TEST_ARCH, "seed": seed})
+    return target
 
 
 @pytest.fixture(scope="session")
 def test_model_pt() -> Path:
-    """A seeded resnet18 TorchScript file, exported once and reused by later runs."""
-    from tools.export_model import build_model, read_export_info, save_torchscript
+    return export_test_model(seed=0)
 
-    target = ROOT / ".cache" / "test-models" / f"{TEST_ARCH}-seed0.pt"
-    if (read_export_info(target) or {}).get("arch") != TEST_ARCH:
-        save_torchscript(build_model(TEST_ARCH, None, 0), target, {"arch": TEST_ARCH, "seed": 0})
-    return target
+
+@pytest.fixture(scope="session")
+def seed1_model_pt() -> Path:
+    """Other weights for the same architecture: a second version that answers differently."""
+    return export_test_model(seed=1)
 
 
 def normalize_model_pt() -> Path:
@@ -64,9 +130,10 @@ def normalize_model_pt() -> Path:
     from tools.export_model import NORMALIZE_INFO, build_normalize, read_export_info, save_torchscript
 
     target = ROOT / ".cache" / "test-models" / "normalize.pt"
-    info = read_export_info(target) or {}
-    if any(info.get(k) != v for k, v in NORMALIZE_INFO.items()):
-        save_torchscript(build_normalize(), target, NORMALIZE_INFO)
+    with _EXPORTS:
+        info = read_export_info(target) or {}
+        if any(info.get(k) != v for k, v in NORMALIZE_INFO.items()):
+            save_torchscript(build_normalize(), target, NORMALIZE_INFO)
     return target
 
 
@@ -98,13 +165,18 @@ def start_triton(repo: Path, cache_dir: Path) -> EmbeddedTriton:
 
 @pytest.fixture(scope="session")
 def test_repo(tmp_path_factory: pytest.TempPathFactory, test_model_pt: Path) -> Path:
+    if _EARLY.started:
+        return _EARLY.repo.result(timeout=600)
     return make_test_repo(tmp_path_factory.mktemp("repo") / "triton_repo", test_model_pt)
 
 
 @pytest.fixture(scope="session")
 def triton(test_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
     """One real Triton for the session. Tests must not change its repository: see hot-reload tests."""
-    server = start_triton(test_repo, tmp_path_factory.mktemp("triton-cache"))
+    if _EARLY.started:
+        server = _EARLY.server.result(timeout=600)
+    else:
+        server = start_triton(test_repo, tmp_path_factory.mktemp("triton-cache"))
     yield server
     stop_soon(server)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -9,19 +10,18 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import TEST_ARCH, make_test_repo, start_triton
+from tests.conftest import make_test_repo, start_triton
 from tests.support import wait_until
 
 pytestmark = pytest.mark.triton
 
 
-def test_new_version_serves_after_load_and_no_request_fails(tmp_path: Path, test_model_pt: Path) -> None:
+def test_new_version_serves_after_load_and_no_request_fails(tmp_path: Path, test_model_pt: Path,
+                                                             seed1_model_pt: Path) -> None:
     import torch
 
-    from tools.export_model import build_model, save_torchscript
-
     repo = make_test_repo(tmp_path / "triton_repo", test_model_pt, only_resnet50=True)
-    v2_model = build_model(TEST_ARCH, None, seed=1)  # other weights: version 2 answers differently
+    v2_model = torch.jit.load(str(seed1_model_pt), map_location="cpu").eval()  # other weights than version 1
     server = start_triton(repo, tmp_path / "cache")
     stop, failures, answered = threading.Event(), [], [0]
     image = np.random.default_rng(3).standard_normal((1, 3, 224, 224), dtype=np.float32)
@@ -42,7 +42,8 @@ def test_new_version_serves_after_load_and_no_request_fails(tmp_path: Path, test
     try:
         wait_until(lambda: answered[0] >= 3, 60, "requests to flow before the reload")
         staging = tmp_path / "staging"
-        save_torchscript(v2_model, staging / "model.pt", {"arch": TEST_ARCH, "seed": 1})
+        staging.mkdir()
+        shutil.copy(seed1_model_pt, staging / "model.pt")  # a real file, as a deployment would copy it
         staging.rename(repo / "resnet50" / "2")  # the whole folder appears at once, as `cp -r` + `mv` would
 
         wait_until(lambda: (server.cpu_repo / "resnet50" / "2" / "model.py").is_file(), 10,

@@ -95,17 +95,6 @@ def test_the_same_model_on_triton_is_a_go(triton: EmbeddedTriton, test_repo: Pat
     assert len(re.findall(r"<svg\b", page)) == 3 and "GO" in page
 
 
-@pytest.fixture(scope="module")
-def seed1_model_pt() -> Path:
-    """Other weights for the same architecture, exported once and reused by later runs."""
-    from tools.export_model import build_model, read_export_info, save_torchscript
-
-    target = ROOT / ".cache" / "test-models" / f"{TEST_ARCH}-seed1.pt"
-    if (read_export_info(target) or {}).get("seed") != 1:
-        save_torchscript(build_model(TEST_ARCH, None, 1), target, {"arch": TEST_ARCH, "seed": 1})
-    return target
-
-
 def test_triton_serving_another_version_is_a_no_go_that_names_the_images(
         test_model_pt: Path, seed1_model_pt: Path, capture: Path, tmp_path: Path) -> None:
     repo = make_test_repo(tmp_path / "repo", test_model_pt, only_resnet50=True)  # tensors over HTTP
