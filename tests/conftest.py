@@ -10,9 +10,10 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -57,12 +58,16 @@ class EarlyTriton:
             self.repo.set_exception(e)
             self.server.set_exception(e)
             return
-        threading.Thread(target=self._boot, args=(self.repo.result(),), name="early-triton", daemon=True).start()
+        # Ports too: a socket that free_ports binds for an instant in one thread is inherited by a process
+        # that another thread forks at that instant, and stays bound until that child execs (seen: "port busy").
+        ports = free_ports(3)
+        threading.Thread(target=self._boot, args=(self.repo.result(), ports), name="early-triton",
+                         daemon=True).start()
 
-    def _boot(self, repo: Path) -> None:
+    def _boot(self, repo: Path, ports: list[int]) -> None:
         assert self.base is not None
         try:
-            self.server.set_result(start_triton(repo, self.base / "triton-cache"))
+            self.server.set_result(start_triton(repo, self.base / "triton-cache", ports=ports))
         except BaseException as e:
             self.server.set_exception(e)
 
@@ -74,6 +79,28 @@ class EarlyTriton:
 
 
 _EARLY = EarlyTriton()
+
+
+class Killable(Protocol):
+    def kill(self) -> None: ...
+
+
+K = TypeVar("K", bound=Killable)
+_EARLY_STARTS: dict[str, Callable[[], Killable]] = {}
+_EARLY_STARTED: dict[str, Killable] = {}
+
+
+def start_early(fixture: str, start: Callable[[], Killable]) -> None:
+    """Have `start` (a function that launches a subprocess and returns at once) called when collection ends,
+    if a selected test uses `fixture`: the process then runs beside the in-process unit tests, which keep
+    only one of the two cores busy. The fixture gets it with take_early."""
+    _EARLY_STARTS[fixture] = start
+
+
+def take_early(fixture: str, start: Callable[[], K]) -> K:
+    """What start_early launched for `fixture` (once), else `start()` now."""
+    started: Any = _EARLY_STARTED.pop(fixture, None)
+    return started if started is not None else start()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -89,13 +116,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return
-    if any("triton" in getattr(item, "fixturenames", ()) for item in session.items):
+    used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    if "triton" in used:
         _EARLY.start()
+    for fixture, start in _EARLY_STARTS.items():
+        if fixture in used:
+            _EARLY_STARTED[fixture] = start()
 
 
 def pytest_sessionfinish() -> None:
     for thread in _STOPPING:
         thread.join(timeout=120)
+    for leftover in _EARLY_STARTED.values():  # started, but its test never ran (it failed earlier, or -x)
+        leftover.kill()
     _EARLY.close()
 
 
@@ -156,8 +189,8 @@ def make_test_repo(dest: Path, model_pt: Path, *, only_resnet50: bool = False) -
     return dest
 
 
-def start_triton(repo: Path, cache_dir: Path) -> EmbeddedTriton:
-    http, grpc, metrics = free_ports(3)
+def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None) -> EmbeddedTriton:
+    http, grpc, metrics = ports or free_ports(3)
     config = EmbeddedTritonConfig(model_repository=repo, cache_dir=cache_dir, http_port=http,
                                   grpc_port=grpc, metrics_port=metrics, startup_timeout_s=240)
     return EmbeddedTriton(config).start()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,16 +22,49 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports nobody listens on now (held open together, so they are distinct)."""
-    socks = [socket.socket() for _ in range(count)]
+_HANDED_OUT: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
+def _ephemeral_low() -> int:
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free now, never handed out before in this session, and below the kernel's ephemeral range.
+
+    A server's ports stay unbound for seconds after they are picked (Triton binds them once its models are
+    loaded) while other servers and clients start beside it. Below the ephemeral range, no bind(0) of
+    another process (gunicorn's, the benchmark's) and no outgoing connection can take them meanwhile.
+    """
+    low = _ephemeral_low()
+    ports: list[int] = []
+    with _PORTS_LOCK:
+        while len(ports) < count:
+            port = random.randrange(10000, low) if low > 11000 else _kernel_pick()
+            if port in _HANDED_OUT or not _bindable(port):
+                continue
+            _HANDED_OUT.add(port)
+            ports.append(port)
+    return ports
+
+
+def _kernel_pick() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def reference_transform() -> Callable[[Image.Image], np.ndarray]:

@@ -8,17 +8,23 @@ and the report's files parse. The Flask-vs-Triton benchmark's quick form runs in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import cpu
+from tests.conftest import start_early, take_early
 from tests.support import ROOT
 
 # One of the shim's transports, the one `auto` settles on here. The benchmark's code is the same for every
@@ -28,17 +34,48 @@ CLIENTS = 8
 Run = tuple[Path, dict[str, Any], float]
 
 
+class QuickRun:
+    """`python -m bench --frontend --quick` as a subprocess, its output and log in a folder of its own."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="shim-bench-smoke-"))
+        self.out = self.folder / "out"
+        self.log = self.folder / "bench.log"
+        self.started = time.monotonic()
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bench", "--frontend", "--quick", "--concurrency", str(CLIENTS),
+                 "--warmup", "0.3", "--duration", "1.0", "--legacy-workers", "1",
+                 "--transports", ",".join(TRANSPORTS), "--out", str(self.out)],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        """Nothing when it has finished; else Ctrl-C, on which it stops the servers it started."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# Started when collection ends (tests/conftest.py start_early): it runs while the unit tests do.
+start_early("quick_run", QuickRun)
+
+
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    out = tmp_path_factory.mktemp("bench") / "out"
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "bench", "--frontend", "--quick", "--concurrency", str(CLIENTS),
-                           "--warmup", "0.3", "--duration", "1.0", "--legacy-workers", "1",
-                           "--transports", ",".join(TRANSPORTS), "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=280)
-    elapsed = time.monotonic() - started
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-5000:]}\nstderr:\n{proc.stderr[-5000:]}"
-    return out, json.loads((out / "results.json").read_text()), elapsed
+def quick_run() -> Iterator[Run]:
+    run = take_early("quick_run", QuickRun)
+    try:
+        returncode = run.process.wait(timeout=280)
+        elapsed = time.monotonic() - run.started
+        assert returncode == 0, f"bench exited {returncode}; its output:\n{run.log.read_text()[-8000:]}"
+        yield run.out, json.loads((run.out / "results.json").read_text()), elapsed
+    finally:
+        run.kill()
 
 
 # -- the front-end rows ---------------------------------------------------------------------------------------

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from PIL import Image
 from app import promtext
 from app.embedded_triton import EmbeddedTriton
 from app.embedded_triton.cpu_repo import read_config
+from tests.conftest import start_early, take_early
 from tests.support import ROOT, TRITON_REPO, free_ports, photo, reference_transform, wait_until
 
 pytestmark = pytest.mark.triton
@@ -112,40 +116,61 @@ def test_metrics_show_that_dynamic_batching_merged_concurrent_requests(triton: E
     assert executions < inferences, f"{executions} executions for {inferences} inferences: nothing was batched"
 
 
-def test_cli_serves_the_exported_repository_and_stops_cleanly_on_sigint(tmp_path: Path) -> None:
+class CliTriton:
+    """`python -m app.embedded_triton` on triton_repo/ as `make export` left it (what `make triton` and
+    `make run` start), on free ports, its stderr in a file, its cache in a folder of its own."""
+
+    def __init__(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="shim-cli-triton-"))
+        self.stderr = self.folder / "stderr.txt"
+        self.http, grpc, metrics = free_ports(3)
+        self.exported = (TRITON_REPO / "resnet50" / "1" / "model.pt").is_file()
+        cmd = [sys.executable, "-m", "app.embedded_triton", "--model-repository", str(TRITON_REPO), "--quiet",
+               f"--http-port={self.http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
+               f"--cache-dir={self.folder / 'cache'}"]
+        with self.stderr.open("wb") as err:  # a file, not a pipe: nobody reads it until the test runs
+            self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# Started when collection ends (tests/conftest.py start_early): it loads while the unit tests run.
+start_early("cli_triton", CliTriton)
+
+
+@pytest.fixture
+def cli_triton() -> Iterator[CliTriton]:
+    started = take_early("cli_triton", CliTriton)
+    yield started
+    started.kill()
+
+
+def test_cli_serves_the_exported_repository_and_stops_cleanly_on_sigint(cli_triton: CliTriton) -> None:
     """The command `make triton` / `make run` use, on triton_repo/ as `make export` left it."""
-    if not (TRITON_REPO / "resnet50" / "1" / "model.pt").is_file():
+    if not cli_triton.exported:
         pytest.fail("triton_repo/resnet50/1/model.pt is missing: `make test` exports it first")
-    http, grpc, metrics = free_ports(3)
-    cmd = [sys.executable, "-m", "app.embedded_triton", "--model-repository", str(TRITON_REPO), "--quiet",
-           f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", f"--cache-dir={tmp_path}"]
-    with subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True) as process:
-        _serve_and_interrupt(process, http)
+    process, client = cli_triton.process, httpclient.InferenceServerClient(f"127.0.0.1:{cli_triton.http}")
 
+    def ready() -> bool:
+        assert process.poll() is None, cli_triton.stderr.read_text()
+        try:
+            return bool(client.is_server_ready())
+        except Exception:
+            return False
 
-def _serve_and_interrupt(process: subprocess.Popen[str], http: int) -> None:
-    try:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{http}")
-
-        def ready() -> bool:
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            try:
-                return bool(client.is_server_ready())
-            except Exception:
-                return False
-
-        wait_until(ready, 240, "the CLI's Triton to be ready")
-        assert client.is_model_ready("pipeline")
-        shm = f"shim{process.pid}x*"  # the server's python-backend regions carry its launcher's pid
-        assert list(Path("/dev/shm").glob(shm)), "expected the python backend's shared memory while running"
-        client.close()
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=60) == 0
-        assert "ready: HTTP" in (process.stderr.read() if process.stderr else "")
-        assert not list(Path("/dev/shm").glob(shm)), "shared memory left behind after the stop"
-    finally:
-        if process.poll() is None:
-            process.kill()
+    wait_until(ready, 240, "the CLI's Triton to be ready")
+    assert client.is_model_ready("pipeline")
+    shm = f"shim{process.pid}x*"  # the server's python-backend regions carry its launcher's pid
+    assert list(Path("/dev/shm").glob(shm)), "expected the python backend's shared memory while running"
+    client.close()
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 0
+    assert "ready: HTTP" in cli_triton.stderr.read_text()
+    assert not list(Path("/dev/shm").glob(shm)), "shared memory left behind after the stop"
 
 
 def test_environment_of_the_stub_is_this_interpreter() -> None:
