@@ -7,6 +7,7 @@ Each gets its marker from its folder: `pytest -m unit` runs in seconds, `make te
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import threading
@@ -37,50 +38,6 @@ def stop_soon(server: ServedApp | EmbeddedTriton) -> None:
     _STOPPING.append(thread)
 
 
-class EarlyTriton:
-    """The session's Triton, booted in a background thread as soon as collection ends when a selected test
-    needs it: it starts (a torch stub per model, about 10 s here) while the in-process unit tests run."""
-
-    def __init__(self) -> None:
-        self.started = False
-        self.repo: Future[Path] = Future()
-        self.server: Future[EmbeddedTriton] = Future()
-        self.base: Path | None = None
-
-    def start(self) -> None:
-        """The models are exported here, on the main thread: torch must never be imported or run by two
-        threads at once (seen: kernels registered twice, then a segfault). The thread only starts a process."""
-        self.started = True
-        self.base = Path(tempfile.mkdtemp(prefix="shim-tests-triton-"))
-        try:
-            self.repo.set_result(make_test_repo(self.base / "triton_repo", export_test_model()))
-        except Exception as e:  # the fixtures that wait for it raise it in the test that asked
-            self.repo.set_exception(e)
-            self.server.set_exception(e)
-            return
-        # Ports too: a socket that free_ports binds for an instant in one thread is inherited by a process
-        # that another thread forks at that instant, and stays bound until that child execs (seen: "port busy").
-        ports = free_ports(3)
-        threading.Thread(target=self._boot, args=(self.repo.result(), ports), name="early-triton",
-                         daemon=True).start()
-
-    def _boot(self, repo: Path, ports: list[int]) -> None:
-        assert self.base is not None
-        try:
-            self.server.set_result(start_triton(repo, self.base / "triton-cache", ports=ports))
-        except BaseException as e:
-            self.server.set_exception(e)
-
-    def close(self) -> None:
-        if self.started and self.server.done() and self.server.exception() is None:
-            self.server.result().stop(graceful=False)  # nothing when the `triton` fixture stopped it already
-        if self.base is not None:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-
-_EARLY = EarlyTriton()
-
-
 class Killable(Protocol):
     def kill(self) -> None: ...
 
@@ -91,9 +48,9 @@ _EARLY_STARTED: dict[str, Killable] = {}
 
 
 def start_early(fixture: str, start: Callable[[], Killable]) -> None:
-    """Have `start` (a function that launches a subprocess and returns at once) called when collection ends,
-    if a selected test uses `fixture`: the process then runs beside the in-process unit tests, which keep
-    only one of the two cores busy. The fixture gets it with take_early."""
+    """Have `start` (which launches a server or subprocess and returns at once) called when collection ends,
+    if a selected test uses `fixture`: it then starts beside the in-process unit tests (which run first and
+    keep only one of the two cores busy). The fixture gets it with take_early."""
     _EARLY_STARTS[fixture] = start
 
 
@@ -117,8 +74,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
         return
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
-    if "triton" in used:
-        _EARLY.start()
     for fixture, start in _EARLY_STARTS.items():
         if fixture in used:
             _EARLY_STARTED[fixture] = start()
@@ -129,10 +84,8 @@ def pytest_sessionfinish() -> None:
         thread.join(timeout=120)
     for leftover in _EARLY_STARTED.values():  # started, but its test never ran (it failed earlier, or -x)
         leftover.kill()
-    _EARLY.close()
-
-
-_EXPORTS = threading.RLock()  # the early Triton's thread and the fixtures export the same files
+    if _session_dir.cache_info().currsize:  # made by this session
+        shutil.rmtree(_session_dir(), ignore_errors=True)
 
 
 def export_test_model(seed: int = 0) -> Path:
@@ -140,10 +93,9 @@ def export_test_model(seed: int = 0) -> Path:
     from tools.export_model import build_model, read_export_info, save_torchscript
 
     target = ROOT / ".cache" / "test-models" / f"{TEST_ARCH}-seed{seed}.pt"
-    with _EXPORTS:
-        info = read_export_info(target) or {}
-        if (info.get("arch"), info.get("seed")) != (TEST_ARCH, seed):
-            save_torchscript(build_model(TEST_ARCH, None, seed), target, {"arch": TEST_ARCH, "seed": seed})
+    info = read_export_info(target) or {}
+    if (info.get("arch"), info.get("seed")) != (TEST_ARCH, seed):
+        save_torchscript(build_model(TEST_ARCH, None, seed), target, {"arch": TEST_ARCH, "seed": seed})
     return target
 
 
@@ -163,10 +115,9 @@ def normalize_model_pt() -> Path:
     from tools.export_model import NORMALIZE_INFO, build_normalize, read_export_info, save_torchscript
 
     target = ROOT / ".cache" / "test-models" / "normalize.pt"
-    with _EXPORTS:
-        info = read_export_info(target) or {}
-        if any(info.get(k) != v for k, v in NORMALIZE_INFO.items()):
-            save_torchscript(build_normalize(), target, NORMALIZE_INFO)
+    info = read_export_info(target) or {}
+    if any(info.get(k) != v for k, v in NORMALIZE_INFO.items()):
+        save_torchscript(build_normalize(), target, NORMALIZE_INFO)
     return target
 
 
@@ -196,20 +147,56 @@ def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None)
     return EmbeddedTriton(config).start()
 
 
-@pytest.fixture(scope="session")
-def test_repo(tmp_path_factory: pytest.TempPathFactory, test_model_pt: Path) -> Path:
-    if _EARLY.started:
-        return _EARLY.repo.result(timeout=600)
-    return make_test_repo(tmp_path_factory.mktemp("repo") / "triton_repo", test_model_pt)
+@functools.cache
+def _session_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="shim-tests-"))
+
+
+@functools.cache
+def session_test_repo() -> Path:
+    """The session's copy of triton_repo with the seeded model, made once (on the main thread: exporting
+    runs torch, which must never run in two threads at once; seen: kernels registered twice, a segfault)."""
+    return make_test_repo(_session_dir() / "triton_repo", export_test_model())
+
+
+class SessionTriton:
+    """The session's Triton on session_test_repo(), started in a thread: it boots (a torch stub per model,
+    about 10 s here) while this thread goes on."""
+
+    def __init__(self) -> None:
+        repo = session_test_repo()
+        # Picked here, not in the thread: a socket that free_ports binds for an instant is inherited by any
+        # process another thread forks at that instant, and stays bound until that child execs.
+        ports = free_ports(3)
+        self._server: Future[EmbeddedTriton] = Future()
+        threading.Thread(target=self._boot, args=(repo, ports), name="session-triton", daemon=True).start()
+
+    def _boot(self, repo: Path, ports: list[int]) -> None:
+        try:
+            self._server.set_result(start_triton(repo, _session_dir() / "triton-cache", ports=ports))
+        except BaseException as e:  # raised again in the test that asks for it
+            self._server.set_exception(e)
+
+    def server(self) -> EmbeddedTriton:
+        return self._server.result(timeout=600)
+
+    def kill(self) -> None:
+        if self._server.done() and self._server.exception() is None:
+            self._server.result().stop(graceful=False)
+
+
+start_early("triton", SessionTriton)
 
 
 @pytest.fixture(scope="session")
-def triton(test_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
+def test_repo() -> Path:
+    return session_test_repo()
+
+
+@pytest.fixture(scope="session")
+def triton() -> Iterator[EmbeddedTriton]:
     """One real Triton for the session. Tests must not change its repository: see hot-reload tests."""
-    if _EARLY.started:
-        server = _EARLY.server.result(timeout=600)
-    else:
-        server = start_triton(test_repo, tmp_path_factory.mktemp("triton-cache"))
+    server = take_early("triton", SessionTriton).server()
     yield server
     stop_soon(server)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,8 @@ import numpy as np
 from PIL import Image
 
 from app import promtext, waiting
+from app.embedded_triton.server import port_is_free
+from tools.launch import free_port
 from tools.sample_images import encode, photo
 
 __all__ = ["encode", "photo"]  # re-exported: the tests' images come from the same place as the bench's
@@ -44,27 +45,12 @@ def free_ports(count: int) -> list[int]:
     ports: list[int] = []
     with _PORTS_LOCK:
         while len(ports) < count:
-            port = random.randrange(10000, low) if low > 11000 else _kernel_pick()
-            if port in _HANDED_OUT or not _bindable(port):
+            port = random.randrange(10000, low) if low > 11000 else free_port()
+            if port in _HANDED_OUT or not port_is_free("127.0.0.1", port):
                 continue
             _HANDED_OUT.add(port)
             ports.append(port)
     return ports
-
-
-def _kernel_pick() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def reference_transform() -> Callable[[Image.Image], np.ndarray]:
