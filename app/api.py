@@ -38,7 +38,7 @@ def _start() -> None:
     offered = request.headers.get(REQUEST_ID_HEADER, "")
     g.request_id = offered if _VALID_REQUEST_ID.match(offered) else uuid.uuid4().hex
     g.token = REQUEST_ID.set(g.request_id)
-    g.started = time.perf_counter()
+    g.started, g.cpu_started = time.perf_counter(), time.thread_time()
     bodies.guard(request.environ, current_app.config["MAX_CONTENT_LENGTH"])
 
 
@@ -51,8 +51,10 @@ def _finish(response: Response) -> Response:
     if request.endpoint == "shim.predict" or request.path == "/predict":
         backend = g.get("backend", "none")
         elapsed = time.perf_counter() - g.get("started", time.perf_counter())  # one figure: metric and log agree
+        cpu = time.thread_time() - g.get("cpu_started", time.thread_time())  # this thread's, waits excluded
         metrics.REQUESTS.labels(backend, shim().router.mode.value, str(response.status_code)).inc()
         metrics.REQUEST_SECONDS.labels(backend).observe(elapsed)
+        metrics.CPU_SECONDS.labels("request", backend).inc(cpu)
         extra = {"status": response.status_code, "backend": backend, "duration_ms": round(elapsed * 1000, 2)}
         if "fallback" in g:
             extra["fallback"] = g.fallback

@@ -161,7 +161,7 @@ class Batcher:
         if not batch:
             return
         name = self.backend.name
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         for pending in batch:
             metrics.STAGE_SECONDS.labels("queue", name).observe(started - pending.enqueued)
         metrics.BATCH_SIZE.labels(name).observe(len(batch))
@@ -181,6 +181,7 @@ class Batcher:
                 pending.future.set_result(row)
         finally:
             metrics.STAGE_SECONDS.labels("infer", name).observe(time.perf_counter() - started)
+            metrics.CPU_SECONDS.labels("send", name).inc(time.thread_time() - cpu)
 
     def _infer(self, batch: list[_Pending]) -> npt.NDArray[np.float32]:
         logits = self.backend.infer([p.image for p in batch], [p.request_id for p in batch])

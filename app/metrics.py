@@ -24,6 +24,12 @@ STAGE_SECONDS = Histogram(
     "shim_stage_duration_seconds",
     "Time per request stage: decode, preprocess, queue (waiting in the batcher), infer (backend round trip, "
     "per batch), postprocess", ["stage", "backend"], buckets=LATENCY_BUCKETS)
+CPU_SECONDS = Counter(
+    "shim_cpu_seconds", "CPU time of the shim's own threads for POST /predict, by part: request (a request "
+    "thread from the app's first line to its answer, the stages included), decode, preprocess, postprocess "
+    "(its stages), send (a batch sender building, sending and reading one backend call); what a worker "
+    "spends beyond these is gunicorn's (HTTP parsing, socket writes, its thread pool)", ["part", "backend"])
+CPU_PARTS = ("request", "decode", "preprocess", "postprocess", "send")
 BATCH_SIZE = Histogram(
     "shim_batch_size", "Images per backend call made by the shim's batcher", ["backend"],
     buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
@@ -74,6 +80,8 @@ def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
     for result in SHADOW_RESULTS:
         SHADOW_COMPARISONS.labels(result)
     for backend in backends:
+        for part in CPU_PARTS:
+            CPU_SECONDS.labels(part, backend)
         CIRCUIT_OPEN.labels(backend).set(0)
         for code in ("backend_unavailable", "backend_timeout", "backend_error"):
             BACKEND_ERRORS.labels(backend, code)

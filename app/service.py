@@ -83,8 +83,9 @@ class _Stages:
         self.backend = backend
 
     def __call__(self, name: str, work: Callable[[], T]) -> T:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()  # wall time for latency, this thread's CPU for cost
         try:
             return work()
         finally:
             metrics.STAGE_SECONDS.labels(name, self.backend).observe(time.perf_counter() - started)
+            metrics.CPU_SECONDS.labels(name, self.backend).inc(time.thread_time() - cpu)

@@ -42,7 +42,7 @@ from typing import Any
 from bench import cpu, floor, stack
 from bench import profile as pyspy
 from bench.loadgen import LoadGenerator
-from bench.report import cpu_columns, front_markdown, front_ratios, summarize
+from bench.report import cpu_columns, cpu_split, front_markdown, front_ratios, summarize
 from bench.run import IMAGE_SIZE, IMAGES, Run, Target
 
 ROOT = stack.ROOT
@@ -208,6 +208,10 @@ class FrontRun:
                                                         if v is not None)
                   + f"; rest of the machine {machine.get('other_cpu_ms_per_image') or 0:.2f}, "
                     f"idle {machine.get('idle_pct') or 0:.0f} %", flush=True)
+            split = cpu_split(row) if kind == "shim" else None
+            if split:
+                print("    the shim's CPU ms per image: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()),
+                      flush=True)
             if row["errors"] or row["warmup_errors"]:
                 print(f"  !! {label} c={concurrency}: {row['errors']} errors ({row['error_kinds']}), "
                       f"{row['warmup_errors']} in warm-up; see {self.out / 'logs'}", flush=True)

@@ -342,6 +342,51 @@ def front_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def cpu_split(row: dict[str, Any]) -> dict[str, float] | None:
+    """A shim row's front CPU per image, split by the shim's own shim_cpu_seconds counters; None without them.
+
+    `rest of request` is the request thread's CPU in the app beyond its stages (Flask, the multipart parser,
+    routing, the JSON answer, metrics, the log line); `outside the app` is the rest of the process trees' CPU
+    from /proc (gunicorn's HTTP parsing and socket writes, its thread pool and poller, the master).
+    """
+    shim = (row.get("breakdown") or {}).get("shim") or {}
+    front = (row.get("cpu_ms_per_image") or {}).get("shim")
+    parts = {part: shim.get(f"cpu_{part}_ms") for part in ("request", "decode", "preprocess", "postprocess", "send")}
+    if front is None or any(v is None for v in parts.values()):
+        return None
+    stages = parts["decode"] + parts["preprocess"] + parts["postprocess"]
+    return {"front": front, "decode": parts["decode"], "preprocess": parts["preprocess"],
+            "postprocess": parts["postprocess"], "rest of request": parts["request"] - stages,
+            "batch senders": parts["send"], "outside the app": front - parts["request"] - parts["send"]}
+
+
+CPU_SPLIT = ("decode", "preprocess", "postprocess", "rest of request", "batch senders", "outside the app")
+
+
+def cpu_split_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    floor = next((r for r in rows if r["kind"] == "floor"), None)
+    split = [(r, cpu_split(r)) for r in front_ordered(rows) if r["kind"] == "shim"]
+    if not any(s for _, s in split):
+        return []
+    lines = ["## Where the shim's CPU goes", "",
+             "Milliseconds of CPU per image, from the shim's own `shim_cpu_seconds_total` counters (each thread's "
+             "CPU clock, waits excluded) over the same window, against its process trees' CPU from /proc (`front`). "
+             "`decode` and `preprocess` are the floor's work done inside the shim; `rest of request` is the "
+             "request thread's other work in the app (Flask, the multipart parser, routing, scores, the JSON "
+             "answer, metrics, the log line); `batch senders` builds, sends and reads the calls to Triton; "
+             "`outside the app` is gunicorn (HTTP parsing, socket writes, its thread pool and poller) and the "
+             "master." + (f" The floor row spends {_ms(floor, 'floor')} ms per image on decode + FP32 preprocess."
+                          if floor else ""), "",
+             _row(["row", "clients", "front CPU ms/img", *CPU_SPLIT, "beyond decode + preprocess"]),
+             _row(["---", *["--:"] * (len(CPU_SPLIT) + 3)])]
+    for r, s in split:
+        if s is None:
+            continue
+        lines.append(_row([r["label"], r["concurrency"], _f(s["front"], 2), *[_f(s[k], 2) for k in CPU_SPLIT],
+                           _f(s["front"] - s["decode"] - s["preprocess"], 2)]))
+    return [*lines, ""]
+
+
 def profile_lines(profile: dict[str, Any] | None) -> list[str]:
     if not profile:
         return []
@@ -412,6 +457,7 @@ def front_markdown(report: dict[str, Any]) -> str:
         "",
         *[f"- {c['label']}: {c['description']}" for c in report["configurations"]],
         "",
+        *cpu_split_lines(rows),
         "## Targets",
         "",
         "```",

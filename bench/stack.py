@@ -235,6 +235,7 @@ def ratio(num: float, den: float, scale: float = 1.0) -> float | None:
 
 
 SHIM_STAGES = ("decode", "preprocess", "queue", "infer", "postprocess")
+SHIM_CPU_PARTS = ("request", "decode", "preprocess", "postprocess", "send")  # app/metrics.py CPU_PARTS
 
 
 def shim_breakdown(before: Samples, after: Samples, backend: str = "triton") -> dict[str, float | None]:
@@ -249,6 +250,9 @@ def shim_breakdown(before: Samples, after: Samples, backend: str = "triton") -> 
                                          backend=backend),
                                    delta(before, after, "shim_stage_duration_seconds_count", stage=stage,
                                          backend=backend), 1000)
+    for part in SHIM_CPU_PARTS:  # the shim's own threads' CPU, ms per answered request (send: per image too)
+        out[f"cpu_{part}_ms"] = ratio(delta(before, after, "shim_cpu_seconds_total", part=part, backend=backend),
+                                      requests, 1000)
     out["batches"] = delta(before, after, "shim_batch_size_count", backend=backend)
     out["mean_batch"] = ratio(delta(before, after, "shim_batch_size_sum", backend=backend), out["batches"] or 0)
     return out

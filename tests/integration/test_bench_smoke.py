@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from bench import cpu
+from bench.report import cpu_split
 from tests.conftest import start_early, take_early
 from tests.support import ROOT
 
@@ -136,6 +137,13 @@ def test_front_end_cpu_comes_from_the_process_trees(quick_run: Run) -> None:
         assert cpu_groups["shim"]["processes"] == workers + 1  # gunicorn's master and its workers
         assert cpu_groups["triton"]["processes"] >= 2  # tritonserver and its python-backend stubs
     assert rows["legacy-front"]["cpu"]["legacy"]["processes"] == report["settings"]["legacy_workers"] + 1
+    for t in transports:  # the split by the shim's own counters: one thread's clock holds its stages
+        split = cpu_split(rows[f"shim-{t}"])
+        assert split is not None, rows[f"shim-{t}"]["breakdown"]
+        assert split["decode"] > 0 and split["preprocess"] > 0 and split["batch senders"] > 0, (t, split)
+        # Requests that straddle the window's edges count stages without their request or the reverse; a
+        # request clock that missed its stages would be short by all of decode + preprocess.
+        assert split["rest of request"] > -0.2 * (split["decode"] + split["preprocess"]), (t, split)
 
 
 @pytest.mark.triton

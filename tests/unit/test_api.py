@@ -213,6 +213,25 @@ def test_metrics_count_each_answer_by_backend_and_status(app: App) -> None:
     assert count("triton", "200") == ok + 1 and count("none", "400") == bad + 1
 
 
+def test_cpu_seconds_count_each_part_and_the_request_holds_its_stages(app: App) -> None:
+    def cpu() -> dict[str, float]:
+        text = app.client.get("/metrics").get_data(as_text=True)
+        found = {}
+        for line in text.splitlines():
+            if line.startswith("shim_cpu_seconds_total{") and 'backend="triton"' in line:
+                found[line.split('part="')[1].split('"')[0]] = float(line.split()[-1])
+        return found
+
+    before = cpu()
+    assert set(before) == {"request", "decode", "preprocess", "postprocess", "send"}  # from the start, at zero
+    for _ in range(3):
+        assert app.predict(encode(photo(640, 480, seed=6), "JPEG")).status_code == 200
+    spent = {part: value - before[part] for part, value in cpu().items()}
+    assert spent["decode"] > 0 and spent["preprocess"] > 0 and spent["send"] > 0
+    # One thread's clock: the request's CPU holds its own stages (the sender's is another thread's).
+    assert spent["request"] >= spent["decode"] + spent["preprocess"] + spent["postprocess"]
+
+
 def test_a_wrong_method_is_405_and_names_the_allowed_ones(app: App) -> None:
     answer = app.client.get("/predict")
     assert answer.status_code == 405 and answer.json["error"] == "method_not_allowed"

@@ -11,6 +11,7 @@ import pytest
 
 from bench import cpu
 from bench.profile import parse_raw, top
+from bench.report import cpu_split, cpu_split_lines
 from tests.support import wait_until
 
 
@@ -72,3 +73,19 @@ def test_profile_summary_ranks_own_and_total_time(tmp_path: Path) -> None:
                                                                           ("handle (app.py)", 30.0)]
     assert [(e["function"], e["total_pct"]) for e in ranked["by_total"]] == [("handle (app.py)", 100.0),
                                                                              (f"run ({source})", 100.0)]
+
+
+def test_the_shims_cpu_split_adds_up_to_its_process_trees_cpu() -> None:
+    shim = {"cpu_request_ms": 9.0, "cpu_decode_ms": 3.0, "cpu_preprocess_ms": 3.5, "cpu_postprocess_ms": 0.3,
+            "cpu_send_ms": 1.0}
+    row = {"kind": "shim", "label": "shim [uint8]", "concurrency": 16, "cpu_ms_per_image": {"shim": 11.0},
+           "breakdown": {"shim": shim}}
+    split = cpu_split(row)
+    assert split is not None
+    assert split["rest of request"] == pytest.approx(9.0 - 3.0 - 3.5 - 0.3)
+    assert split["outside the app"] == pytest.approx(11.0 - 9.0 - 1.0)
+    assert sum(v for k, v in split.items() if k != "front") == pytest.approx(11.0)
+    table = "\n".join(cpu_split_lines([row]))
+    assert "| shim [uint8] | 16 | 11.00 | 3.00 | 3.50 | 0.30 | 2.20 | 1.00 | 1.00 | 4.50 |" in table
+    # A shim without the counters (an older commit) gets no split rather than made-up numbers.
+    assert cpu_split({**row, "breakdown": {"shim": {}}}) is None and cpu_split_lines([{**row, "breakdown": {}}]) == []
