@@ -131,14 +131,10 @@ def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads:
 @contextlib.contextmanager
 def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers: int, threads: int,
                stopper: stack.Stopper) -> Iterator[Any]:
-    from app.settings import Settings
     from tools import launch
 
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
-           "SHIM_LABELS_PATH": str(labels), "SHIM_WORKERS": str(workers), "SHIM_THREADS": str(threads),
-           "SHIM_TRANSPORT": transport}
-    if threads < Settings.max_pending + 2:  # --shim-threads below the default: a bound the threads can hold
-        env["SHIM_MAX_PENDING"] = str(max(1, threads - 2))
+           "SHIM_LABELS_PATH": str(labels), **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
     print(f"starting the shim (SHIM_TRANSPORT={transport}, {workers} workers x {threads} threads) ...", flush=True)
     served = launch.start_shim(out / "logs", env)
     try:

@@ -91,7 +91,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--shim-workers", type=int,
                    help=f"the shim's gunicorn workers (default: the shim's own, {stack.shim_default('workers')})")
     p.add_argument("--shim-threads", type=int,
-                   help=f"threads per shim worker (default: the shim's own, {stack.shim_default('threads')})")
+                   help=f"threads per shim worker (default: the shim's own, {stack.shim_default('threads')}); "
+                        f"below {stack.shim_default('max_pending') + 2}, SHIM_MAX_PENDING becomes threads - 2 per "
+                        "worker, and clients beyond all workers' bound get 503s, counted as errors")
     p.add_argument("--loadgen-processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                    help="load generator processes sharing the clients (default: cores / 4, from 1 to 4)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
@@ -408,7 +410,7 @@ def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: st
 
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": run.args.model_name,
            "SHIM_LABELS_PATH": str(labels), "SHIM_LEGACY_MODEL_PATH": str(model_pt),
-           "SHIM_WORKERS": str(run.args.shim_workers), "SHIM_THREADS": str(run.args.shim_threads), **settings}
+           **stack.shim_layout(run.args.shim_workers, run.args.shim_threads), **settings}
     shown = ", ".join(f"{k}={v}" for k, v in env.items() if k not in ("SHIM_LABELS_PATH", "SHIM_LEGACY_MODEL_PATH"))
     print(f"starting the shim ({shown}) ...", flush=True)
     served = launch.start_shim(run.logs, env)

@@ -89,3 +89,13 @@ def test_the_shims_cpu_split_adds_up_to_its_process_trees_cpu() -> None:
     assert "| shim [uint8] | 16 | 11.00 | 3.00 | 3.50 | 0.30 | 2.20 | 1.00 | 1.00 | 4.50 |" in table
     # A shim without the counters (an older commit) gets no split rather than made-up numbers.
     assert cpu_split({**row, "breakdown": {"shim": {}}}) is None and cpu_split_lines([{**row, "breakdown": {}}]) == []
+
+
+@pytest.mark.parametrize("threads", [3, 8, 65, 66, 72])
+def test_every_thread_layout_the_bench_asks_for_is_one_the_shim_starts_with(threads: int) -> None:
+    from app.settings import Settings
+    from bench.stack import shim_layout
+
+    settings = Settings.from_env(shim_layout(2, threads))  # raises SettingsError for a layout it refuses
+    assert (settings.workers, settings.threads) == (2, threads)
+    assert settings.max_pending == min(64, threads - 2)
