@@ -1,12 +1,28 @@
-"""`python -m bench`: see bench/run.py.
+"""`python -m bench`: the Flask-vs-Triton benchmark (bench/run.py), the front end's (--frontend:
+bench/frontend.py), or one after the other (--both).
 
-The import stays under the guard: the load generator's spawned child imports this module as well, and
+The imports stay inside main(): the load generator's spawned child imports this module as well, and
 must not pay for numpy, tritonclient or matplotlib.
 """
 
+from __future__ import annotations
+
 import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from bench import frontend, run
+
+    args = run.parse_args(argv)
+    if args.frontend:
+        return frontend.main(args, argv)
+    status, out, stopper = run.classic(args, argv)
+    if args.both:
+        print(flush=True)
+        status = frontend.main(run.front_args(args), argv, out / "frontend", stopper) or status
+    return status
+
 
 if __name__ == "__main__":
-    from bench.run import main
-
     sys.exit(main())

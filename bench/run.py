@@ -516,26 +516,16 @@ def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     return [c for c in args.selected if c not in skipped], skipped
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.frontend:
-        from bench import frontend
-
-        return frontend.main(args, argv)
-    status, out, stopper = classic(args, argv)
-    if args.both:
-        from bench import frontend
-
-        front = argparse.Namespace(**vars(args))
-        front.frontend = True
-        for key, value in (FRONT_QUICK if args.quick else FRONT_DEFAULTS).items():
-            if key not in args.explicit:
-                setattr(front, key, value)
-        front.levels = levels(front.concurrency)
-        front.legacy_threads = args.legacy_threads if "legacy_threads" in args.explicit else 8
-        print(flush=True)
-        status = frontend.main(front, argv, out / "frontend", stopper) or status
-    return status
+def front_args(args: argparse.Namespace) -> argparse.Namespace:
+    """--both: the front-end part's arguments, its own defaults wherever the command line gave none."""
+    front = argparse.Namespace(**vars(args))
+    front.frontend = True
+    for key, value in (FRONT_QUICK if args.quick else FRONT_DEFAULTS).items():
+        if key not in args.explicit:
+            setattr(front, key, value)
+    front.levels = levels(front.concurrency)
+    front.legacy_threads = args.legacy_threads if "legacy_threads" in args.explicit else 8
+    return front
 
 
 def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, Path, stack.Stopper]:
