@@ -50,8 +50,9 @@ def _finish(response: Response) -> Response:
         response.headers[BACKEND_HEADER] = g.backend
     if request.endpoint == "shim.predict" or request.path == "/predict":
         backend = g.get("backend", "none")
-        elapsed = time.perf_counter() - g.get("started", time.perf_counter())  # one figure: metric and log agree
-        cpu = time.thread_time() - g.get("cpu_started", time.thread_time())  # this thread's, waits excluded
+        now, cpu_now = time.perf_counter(), time.thread_time()
+        elapsed = now - g.get("started", now)  # one figure: metric and log agree
+        cpu = cpu_now - g.get("cpu_started", cpu_now)  # this thread's CPU, waits excluded
         metrics.REQUESTS.labels(backend, shim().router.mode.value, str(response.status_code)).inc()
         metrics.REQUEST_SECONDS.labels(backend).observe(elapsed)
         metrics.CPU_SECONDS.labels("request", backend).inc(cpu)

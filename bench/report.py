@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from app.metrics import CPU_PARTS
 from bench.loadgen import Outcome
 
 # The table that sold the migration: RTX 3090, ResNet-50, 224x224; the article does not state its concurrency.
@@ -351,7 +352,7 @@ def cpu_split(row: dict[str, Any]) -> dict[str, float] | None:
     """
     shim = (row.get("breakdown") or {}).get("shim") or {}
     front = (row.get("cpu_ms_per_image") or {}).get("shim")
-    parts = {part: shim.get(f"cpu_{part}_ms") for part in ("request", "decode", "preprocess", "postprocess", "send")}
+    parts = {part: shim.get(f"cpu_{part}_ms") for part in CPU_PARTS}
     if front is None or any(v is None for v in parts.values()):
         return None
     stages = parts["decode"] + parts["preprocess"] + parts["postprocess"]

@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:  # `python bench/overhead.py` as well as `python -
     sys.path.insert(0, str(ROOT))
 
 from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig  # noqa: E402
+from app.metrics import CPU_PARTS  # noqa: E402
 from app.preprocess import ImageSpec, decode, to_tensor  # noqa: E402
 from tools import launch  # noqa: E402
 from tools.sample_images import encode, photo  # noqa: E402
@@ -245,7 +246,6 @@ def ratio(num: float, den: float, scale: float = 1.0) -> float | None:
 
 
 SHIM_STAGES = ("decode", "preprocess", "queue", "infer", "postprocess")
-SHIM_CPU_PARTS = ("request", "decode", "preprocess", "postprocess", "send")  # app/metrics.py CPU_PARTS
 
 
 def shim_breakdown(before: Samples, after: Samples, backend: str = "triton") -> dict[str, float | None]:
@@ -260,7 +260,7 @@ def shim_breakdown(before: Samples, after: Samples, backend: str = "triton") -> 
                                          backend=backend),
                                    delta(before, after, "shim_stage_duration_seconds_count", stage=stage,
                                          backend=backend), 1000)
-    for part in SHIM_CPU_PARTS:  # the shim's own threads' CPU, ms per answered request (send: per image too)
+    for part in CPU_PARTS:  # the shim's own threads' CPU, ms per answered request (send: per image too)
         out[f"cpu_{part}_ms"] = ratio(delta(before, after, "shim_cpu_seconds_total", part=part, backend=backend),
                                       requests, 1000)
     out["batches"] = delta(before, after, "shim_batch_size_count", backend=backend)
