@@ -31,6 +31,7 @@ from app.errors import SettingsError
 
 if TYPE_CHECKING:
     from app.preprocess import ImageSpec
+    from app.settings import Settings
 
 FILENAME = "model.toml"
 # torchvision's InterpolationMode values (what `InterpolationMode.BICUBIC.value` is), each with the Pillow filter
@@ -215,7 +216,8 @@ def _source(fields: _Fields) -> Source:
     given = [kind for kind in SOURCES if kind in model.raw]
     model.require(len(given) == 1, "torchvision | torchscript | efficientnet_lite", ", ".join(given) or "none",
                   "exactly one of them: torchvision = \"resnet50\" (an architecture of torchvision.models), "
-                  "torchscript = \"file.pt\" (a TorchScript file you have) or efficientnet_lite = \"efficientnet-lite0\"")
+                  "torchscript = \"file.pt\" (a TorchScript file you have) or "
+                  "efficientnet_lite = \"efficientnet-lite0\"")
     kind = given[0]
     value = model.text(kind)
     if kind == "torchscript":
@@ -289,3 +291,45 @@ class _Fields:
     def _fail(self, name: str, value: object, allowed: str) -> NoReturn:
         where = f"[{self.section_name}] {name}" if self.section_name else name
         raise DescriptionError(f"{self.path}: {where} = {value!r} is not valid: expected {allowed}")
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the shim serves, resolved once at start: the description and the settings that override parts of it."""
+
+    description: ModelDescription
+    spec: ImageSpec
+    labels: tuple[str, ...]
+    labels_path: Path
+    legacy_model_path: Path
+    top_k: int
+
+    @property
+    def name(self) -> str:
+        return self.description.name
+
+
+def resolve(settings: Settings) -> Served:
+    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME with SHIM_LABELS_PATH, SHIM_LEGACY_MODEL_PATH and
+    SHIM_TOP_K applied; DescriptionError (a SettingsError) when anything does not fit."""
+    description = load(settings.description_path)
+    labels_path = settings.labels_path or description.labels
+    labels = read_labels(labels_path)
+    check_labels(description, labels, labels_path)
+    k = settings.top_k or description.top_k
+    if k > description.classes:
+        raise DescriptionError(f"SHIM_TOP_K={k} is not valid: {description.path} has {description.classes} classes")
+    return Served(description=description, spec=description.spec(settings.max_image_pixels), labels=labels,
+                  labels_path=labels_path, legacy_model_path=settings.legacy_model_path or description.model_file(),
+                  top_k=k)
+
+
+def read_labels(path: Path) -> tuple[str, ...]:
+    try:
+        labels = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+    except OSError as e:
+        raise DescriptionError(f"labels file {path} cannot be read ({e.strerror}); run `make export` (or "
+                               "tools/export_model.py for your model), or set SHIM_LABELS_PATH") from None
+    if not labels:
+        raise DescriptionError(f"labels file {path} is empty: one class name per line, in output order")
+    return labels
