@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("transform", help="MODULE:ATTRIBUTE of the legacy app's transform, e.g. legacy_app:transform")
     p.add_argument("images", type=Path, help="a folder of your images (searched recursively)")
     p.add_argument("--description", type=Path, help="the model's model.toml (default: <repository>/<model>/model.toml)")
-    p.add_argument("--repository", type=Path, default=Path(os.environ.get("SHIM_MODEL_REPOSITORY", ROOT / "triton_repo")))
+    p.add_argument("--repository", type=Path,
+                   default=Path(os.environ.get("SHIM_MODEL_REPOSITORY", ROOT / "triton_repo")))
     p.add_argument("--model", default=os.environ.get("SHIM_MODEL_NAME", "resnet50"))
     args = p.parse_args(argv)
     try:
