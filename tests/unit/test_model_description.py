@@ -36,7 +36,7 @@ def test_the_committed_configs_are_what_the_default_description_generates() -> N
                           Path("normalize/config.pbtxt"), Path("normalize/configs/cpu.pbtxt"),
                           Path("resnet50_uint8/config.pbtxt"), Path("resnet50_uint8/1/README.md")}
     for rel, text in files.items():
-        assert (TRITON_REPO / rel).read_text() == text, f"{rel} differs: run `python tools/export_model.py --configs-only`"
+        assert (TRITON_REPO / rel).read_text() == text, f"{rel} differs: `python tools/export_model.py --configs-only`"
     assert model_repo.stale(description, TRITON_REPO) == []
 
 
@@ -194,7 +194,7 @@ def test_a_torchscript_file_is_checked_by_running_it_once(tmp_path: Path) -> Non
 
     wrong_dims = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n' + labels, name="wrongdims")
     with pytest.raises(SystemExit, match=r"does not take FP32 \[1, 3, 224, 224\], the input .*wrongdims/model.toml "
-                                         r"implies \(\[preprocess\] crop = 224\).*Set crop to the size the model takes"):
+                                         r"implies \(\[preprocess\] crop = 224\).*Set crop to the size the model "):
         export([str(wrong_dims), "--repo", str(repo)])
     wrong_classes = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n[preprocess]\nresize = 36\ncrop = 32\n'
                           '[output]\nclasses = 10\nlabels_from = "imagenet"\n', name="wrongclasses")
