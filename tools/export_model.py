@@ -6,7 +6,7 @@
     python tools/export_model.py --configs-only           # only the generated configs: no torch needed
     python tools/export_model.py --check                  # exit 1 when a generated config is out of date
 
-From one description it writes (tools/model_repo.py has the templates):
+From one description it writes (app/model_repo.py has the templates):
   <name>/config.pbtxt, <name>/configs/cpu.pbtxt   dims [3, crop, crop] -> [classes], instances, batching, and the
                                                   preprocessing as `parameters` that Triton serves back
   <name>/labels.txt                               torchvision's ImageNet names (labels_from = "imagenet") or a
@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from app import model_repo  # noqa: E402
 from app.description import (  # noqa: E402
     FILENAME,
     IMAGENET_MEAN,
@@ -50,7 +51,6 @@ from app.description import (  # noqa: E402
     description_path,
     load,
 )
-from tools import model_repo  # noqa: E402
 
 ARCHS = {
     "resnet18": "ResNet18_Weights",

@@ -1,6 +1,6 @@
 """The model description (app/description.py): its readers, the files generated from it, and its errors.
 
-One description, many readers: the committed configs of triton_repo/ must be exactly what tools/model_repo.py
+One description, many readers: the committed configs of triton_repo/ must be exactly what app/model_repo.py
 writes from triton_repo/resnet50/model.toml, and a wrong description stops the export or the shim's start with
 a message that names the field and the fix.
 """
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from app import model_repo
 from app.description import DescriptionError, ModelDescription, load, parse, resolve
 from app.settings import Settings
 from tests.support import ROOT, TRITON_REPO
-from tools import export_model, model_repo
+from tools import export_model
 
 EXAMPLES = sorted((ROOT / "examples" / "models").glob("*/model.toml"))
 DEFAULT = TRITON_REPO / "resnet50" / "model.toml"
