@@ -13,8 +13,8 @@
 # SHIM_MODE=legacy|shadow|canary, SHIM_FALLBACK and tools/export_model.py. docker-compose.yml builds
 # that one by default, so that the traffic flag can be switched there without a rebuild.
 #
-# The image expects the Triton model repository (labels.txt, and model.pt for the legacy modes) at
-# /models, mounted read-only: see docker-compose.yml and deploy/k8s/.
+# The image expects the Triton model repository (the model's description model.toml, labels.txt, and model.pt
+# for the legacy modes) at /models, mounted read-only: see docker-compose.yml and deploy/k8s/.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -50,8 +50,7 @@ ENV PATH=/opt/shim/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     SHIM_HOST=0.0.0.0 \
     SHIM_PORT=5000 \
-    SHIM_LABELS_PATH=/models/resnet50/labels.txt \
-    SHIM_LEGACY_MODEL_PATH=/models/resnet50/1/model.pt
+    SHIM_MODEL_REPOSITORY=/models
 # /var/run/shim holds the traffic flag file (SHIM_FLAG_FILE); a volume mounted there inherits this owner.
 RUN groupadd --system --gid 10001 shim \
  && useradd --system --no-log-init --uid 10001 --gid shim --no-create-home --shell /usr/sbin/nologin shim \

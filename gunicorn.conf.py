@@ -9,11 +9,13 @@ import shutil
 import sys
 import tempfile
 
+from app.description import resolve
 from app.logs import gunicorn_logconfig
 from app.settings import Settings, SettingsError
 
 try:
     _settings = Settings.from_env()
+    resolve(_settings)  # the model's description and labels: a wrong one stops the master too
 except SettingsError as _error:
     sys.stderr.write(f"flask-triton-shim: {_error}\n")
     sys.exit(2)

@@ -1,9 +1,14 @@
 """Uploaded bytes -> RGB PIL image -> normalised FP32 CHW array, as the legacy app's torchvision does.
 
-The legacy app runs Resize(256) -> CenterCrop(224) -> ToTensor -> Normalize(ImageNet mean/std) on a
-PIL image. This module gives the same tensor (bit for bit) with Pillow and numpy, no torch: the same
-Pillow bilinear resize with torchvision's output size, the same crop offsets, and a per-channel lookup
-table that holds, for each of the 256 pixel values, what ToTensor + Normalize compute in float32.
+The legacy app runs Resize(size, interpolation, max_size) -> CenterCrop(crop) -> ToTensor -> Normalize(mean,
+std) on a PIL image (the defaults: Resize(256), CenterCrop(224), ImageNet's mean/std; a model's own come
+from its description, app/description.py). This module gives the same tensor (bit for bit) with Pillow
+and numpy, no torch, as torchvision 0.29's PIL path computes it: the same Pillow resize filter
+(pil_modes_mapping: nearest-exact is Pillow's NEAREST too; antialias does not apply to PIL images) with
+torchvision's output size (_compute_resized_output_size: the long side truncated, max_size applied after),
+no resize when the size is already right, the same crop offsets (round((h - crop) / 2)), the same zero
+padding when the crop is larger than the resized image, and a per-channel lookup table that holds, for
+each of the 256 pixel values, what ToTensor + Normalize compute in float32.
 Everything is built once; the functions hold no state.
 """
 
@@ -20,6 +25,10 @@ from app.errors import EmptyImage, InvalidImage, TooLarge
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# torchvision's InterpolationMode values -> the Pillow filter its PIL path uses (app/description.py lists them).
+PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "nearest-exact": Image.Resampling.NEAREST,
+               "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
+               "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING, "lanczos": Image.Resampling.LANCZOS}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,11 +37,18 @@ class ImageSpec:
     crop: int = 224
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    interpolation: str = "bilinear"  # a torchvision InterpolationMode value
+    max_size: int | None = None  # Resize(max_size=...): the longest the long side may become
+    color: str = "convert"  # how a non-RGB upload becomes RGB: "convert" (Image.convert) or "white" (alpha on white)
     max_pixels: int = 40_000_000  # refused before decoding (decompression bombs)
     # ToTensor + Normalize for every uint8 value, per channel: shape (3, 256).
     table: npt.NDArray[np.float32] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.interpolation not in PIL_FILTERS:
+            raise ValueError(f"interpolation {self.interpolation!r} is not one of {', '.join(PIL_FILTERS)}")
+        if self.color not in ("convert", "white"):
+            raise ValueError(f"color {self.color!r} is not convert or white")
         values = np.arange(256, dtype=np.float32) / np.float32(255)  # ToTensor: float32 division by 255
         mean = np.asarray(self.mean, dtype=np.float32)[:, None]
         std = np.asarray(self.std, dtype=np.float32)[:, None]
@@ -64,7 +80,7 @@ def decode(data: bytes, spec: ImageSpec) -> Image.Image:
         if width * height > spec.max_pixels:
             raise TooLarge(f"image is {width}x{height} pixels; the limit is {spec.max_pixels:,} pixels")
         image.load()  # decodes (the first frame of an animation); truncated files fail here
-        return image if image.mode == "RGB" else image.convert("RGB")
+        return to_rgb(image, spec)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise TooLarge(f"image is too large to decode safely: {e}") from e
     except UnidentifiedImageError as e:
@@ -73,24 +89,47 @@ def decode(data: bytes, spec: ImageSpec) -> Image.Image:
         raise InvalidImage(f"the uploaded file is not a readable image ({type(e).__name__}: {e})") from e
 
 
-def resized_size(width: int, height: int, short_side: int) -> tuple[int, int]:
-    """torchvision's Resize(int) output size: the short side becomes `short_side`, the long side scales."""
-    if width <= height:
-        return short_side, int(short_side * height / width)
-    return int(short_side * width / height), short_side
+def to_rgb(image: Image.Image, spec: ImageSpec) -> Image.Image:
+    """A decoded image of any mode -> RGB, as the legacy app made it before its transform."""
+    if image.mode == "RGB":
+        return image
+    if spec.color == "white" and (image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def resized_size(width: int, height: int, short_side: int, max_size: int | None = None) -> tuple[int, int]:
+    """torchvision's Resize(int, max_size) output size: the short side becomes `short_side`, the long side
+    scales (truncated); a long side past max_size becomes max_size and the short side scales down with it."""
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = short_side, int(short_side * long / short)
+    if max_size is not None and new_long > max_size:
+        new_short, new_long = int(max_size * new_short / new_long), max_size
+    return (new_short, new_long) if width <= height else (new_long, new_short)
 
 
 def crop(image: Image.Image, spec: ImageSpec) -> npt.NDArray[np.uint8]:
     """RGB image -> the uint8 HWC pixels that torchvision's Resize + CenterCrop keep: [crop, crop, 3]."""
     width, height = image.size
-    new_w, new_h = resized_size(width, height, spec.resize)
+    new_w, new_h = resized_size(width, height, spec.resize, spec.max_size)
     if new_w * new_h > spec.max_pixels:
         raise TooLarge(f"image {width}x{height} is too elongated: resizing it would make {new_w}x{new_h} pixels")
+    if new_w < 1 or new_h < 1:  # max_size shrinks the short side of a thin strip to nothing (torchvision fails)
+        raise TooLarge(f"image {width}x{height} is too elongated: resizing it to a long side of {spec.max_size} "
+                       "leaves no pixel across")
     if (new_w, new_h) != (width, height):  # torchvision skips the resize at the target size
-        image = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
-    top = round((new_h - spec.crop) / 2.0)
-    left = round((new_w - spec.crop) / 2.0)
-    return np.asarray(image.crop((left, top, left + spec.crop, top + spec.crop)))  # copies only the crop
+        image = image.resize((new_w, new_h), PIL_FILTERS[spec.interpolation])
+    size = spec.crop
+    if size > new_w or size > new_h:  # CenterCrop pads with zeros first (left/top get the smaller half)
+        left_pad, top_pad = max(0, (size - new_w) // 2), max(0, (size - new_h) // 2)
+        padded = np.zeros((max(size, new_h), max(size, new_w), 3), dtype=np.uint8)
+        padded[top_pad:top_pad + new_h, left_pad:left_pad + new_w] = np.asarray(image)
+        top, left = round((padded.shape[0] - size) / 2.0), round((padded.shape[1] - size) / 2.0)
+        return np.ascontiguousarray(padded[top:top + size, left:left + size])
+    top = round((new_h - size) / 2.0)
+    left = round((new_w - size) / 2.0)
+    return np.asarray(image.crop((left, top, left + size, top + size)))  # copies only the crop
 
 
 def normalize(pixels: npt.NDArray[np.uint8], spec: ImageSpec) -> npt.NDArray[np.float32]:

@@ -1,15 +1,38 @@
-"""Logits -> class probabilities and the best classes, computed one way for answers and shadow comparisons."""
+"""Model outputs -> class scores and the best classes, computed one way for answers and shadow comparisons.
+
+How a model's outputs become scores is its description's [output] scores: softmax of logits (one class per
+image), a sigmoid per class (multi-label), or probabilities taken as they come.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
+
+Scores = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 
 
 def softmax(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """In float32, as torch.softmax computes it (the legacy app's scores)."""
     exp = np.exp(logits.astype(np.float32) - logits.max())
     return exp / exp.sum(dtype=np.float32)  # type: ignore[no-any-return]
+
+
+def sigmoid(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Per class, in float32, as torch.sigmoid computes it: 1 / (1 + exp(-x))."""
+    x = logits.astype(np.float32)
+    out: npt.NDArray[np.float32] = np.float32(1) / (np.float32(1) + np.exp(-x))
+    return out
+
+
+def probabilities(outputs: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """A model that answers probabilities already: its outputs are the scores."""
+    return outputs.astype(np.float32, copy=False)
+
+
+SCORE_FUNCTIONS: dict[str, Scores] = {"softmax": softmax, "sigmoid": sigmoid, "probabilities": probabilities}
 
 
 def best(probs: npt.NDArray[np.float32], k: int) -> list[int]:

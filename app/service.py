@@ -21,7 +21,7 @@ from app.batching import Upstream
 from app.capture import Capture
 from app.contract import Prediction
 from app.routing import RequestContext, Router
-from app.scores import best, softmax
+from app.scores import Scores, best, softmax
 
 T = TypeVar("T")
 
@@ -35,25 +35,24 @@ class Answer:
 
 
 def load_labels(path: Path) -> tuple[str, ...]:
-    try:
-        labels = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
-    except OSError as e:
-        raise FileNotFoundError(f"labels file {path} cannot be read ({e.strerror}); run `make export` "
-                                "or set SHIM_LABELS_PATH") from e
-    if not labels:
-        raise ValueError(f"labels file {path} is empty")
-    return labels
+    """The labels file, one class name per line (app.description.read_labels; kept for the report's callers)."""
+    from app.description import read_labels
+
+    return read_labels(path)
 
 
-def top_k(logits: npt.NDArray[np.float32], labels: tuple[str, ...], k: int) -> list[Prediction]:
-    probs = softmax(logits)
+def top_k(logits: npt.NDArray[np.float32], labels: tuple[str, ...], k: int,
+          scores: Scores = softmax) -> list[Prediction]:
+    probs = scores(logits)
     return [Prediction(label=labels[i], class_id=i, score=float(probs[i])) for i in best(probs, k)]
 
 
 class PredictService:
     def __init__(self, *, model_name: str, spec: preprocess.ImageSpec, labels: tuple[str, ...], top_k: int,
-                 router: Router, upstream: Upstream, admission: Admission, capture: Capture | None = None) -> None:
+                 router: Router, upstream: Upstream, admission: Admission, capture: Capture | None = None,
+                 scores: Scores = softmax) -> None:
         self.model_name = model_name
+        self._scores = scores
         self._spec = spec
         self._labels = labels
         self._k = top_k
@@ -72,7 +71,7 @@ class PredictService:
                 prepared = stage("preprocess", lambda: preprocess.prepare(image, self._spec, fp32=fp32))
             arrived()
         routed = self._router.infer(prepared, ctx, decision)  # queue and infer are timed by the batcher
-        predictions = stage("postprocess", lambda: top_k(routed.logits, self._labels, self._k))
+        predictions = stage("postprocess", lambda: top_k(routed.logits, self._labels, self._k, self._scores))
         if self._capture is not None:  # only what was decoded and answered: never a refused upload
             self._capture.offer(data, ctx.request_id)
         return Answer(self.model_name, predictions, routed.backend, routed.fallback_reason)

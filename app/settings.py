@@ -48,10 +48,12 @@ class Settings:
     max_batch_size: int = 32  # also capped by the model's own max_batch_size
     batch_delay_ms: float = 2.0  # the longest a request waits for others while more are on their way
     batch_senders: int = 2  # Triton requests in flight at once per worker
+    # The model: its description is <model_repository>/<model_name>/model.toml (app/description.py)
+    model_repository: Path = Path("triton_repo")
     # The legacy in-process path
-    legacy_model_path: Path = Path("triton_repo/resnet50/1/model.pt")
+    legacy_model_path: Path | None = None  # None: <model folder>/1/model.pt
     legacy_threads: int = 0  # torch intra-op threads; 0 = torch's default
-    labels_path: Path = Path("triton_repo/resnet50/labels.txt")
+    labels_path: Path | None = None  # None: the description's labels file
     # Traffic (the initial state; a flag file changes it at run time in every worker)
     mode: Mode = Mode.TRITON
     flag_file: Path | None = None  # gunicorn.conf.py makes a per-run file when unset
@@ -77,7 +79,7 @@ class Settings:
     capture_per_minute: int = 60  # per worker
     capture_max_mb: float = 1024.0  # the folder's size; the oldest files go first
     # The request contract
-    top_k: int = 5
+    top_k: int = 0  # 0: the description's top_k
     max_upload_mb: float = 16.0
     max_image_pixels: int = 40_000_000  # larger images are refused before they are decoded
     # Serving
@@ -113,7 +115,7 @@ class Settings:
         _check(self.admin_token == "" or len(self.admin_token) >= 16, "admin_token", "<hidden>",
                "empty (admin API off) or at least 16 characters")
         _check(0 <= self.batch_delay_ms <= 1000, "batch_delay_ms", self.batch_delay_ms, "0 to 1000")
-        for name, low, high in [("max_batch_size", 1, 1024), ("batch_senders", 1, 64), ("top_k", 1, 1000),
+        for name, low, high in [("max_batch_size", 1, 1024), ("batch_senders", 1, 64), ("top_k", 0, 1000),
                                 ("port", 1, 65535), ("workers", 1, 256), ("threads", 1, 1024),
                                 ("max_pending", 1, 1024), ("decode_slots", 1, 256), ("retry_after_s", 1, 3600),
                                 ("capture_per_minute", 1, 100_000),
@@ -127,6 +129,10 @@ class Settings:
                f"at least SHIM_MAX_PENDING + 2 = {self.max_pending + 2}, so that health checks always find a thread")
         _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level", self.log_level,
                "DEBUG, INFO, WARNING or ERROR")
+
+    @property
+    def description_path(self) -> Path:
+        return self.model_repository / self.model_name / "model.toml"
 
     @property
     def triton_host_port(self) -> str:

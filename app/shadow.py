@@ -23,7 +23,7 @@ from app.batching import Batcher
 from app.breaker import CircuitBreaker
 from app.errors import ShimError
 from app.preprocess import Prepared
-from app.scores import best, softmax
+from app.scores import Scores, best, softmax
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ class Comparison:
 
 
 def compare(legacy: npt.NDArray[np.float32], candidate: npt.NDArray[np.float32], *, k: int,
-            tolerance: float) -> Comparison:
-    p, q = softmax(legacy), softmax(candidate)
+            tolerance: float, scores: Scores = softmax) -> Comparison:
+    p, q = scores(legacy), scores(candidate)
     top_p, top_q = best(p, k), best(q, k)
     same_top1 = top_p[0] == top_q[0]
     overlap = len(set(top_p) & set(top_q)) / k
@@ -48,8 +48,9 @@ def compare(legacy: npt.NDArray[np.float32], candidate: npt.NDArray[np.float32],
 
 class ShadowRunner:
     def __init__(self, batcher: Batcher, breaker: CircuitBreaker, *, max_inflight: int, timeout_s: float,
-                 tolerance: float, top_k: int, logs_per_minute: int) -> None:
+                 tolerance: float, top_k: int, logs_per_minute: int, scores: Scores = softmax) -> None:
         self._batcher = batcher
+        self._scores = scores
         self._breaker = breaker
         self._max_inflight = max_inflight
         self._slots = threading.BoundedSemaphore(max_inflight)
@@ -95,7 +96,7 @@ class ShadowRunner:
         finally:
             self._slots.release()
         self._breaker.record_success()
-        result = compare(legacy_logits, candidate, k=self._k, tolerance=self._tolerance)
+        result = compare(legacy_logits, candidate, k=self._k, tolerance=self._tolerance, scores=self._scores)
         metrics.SHADOW_SCORE_DIFF.observe(result.max_abs_diff)
         metrics.SHADOW_COMPARISONS.labels("match" if result.matched else "mismatch").inc()
         if not result.matched and self._may_log():

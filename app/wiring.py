@@ -11,10 +11,12 @@ from app.backends.base import Backend
 from app.batching import Batcher, Upstream
 from app.breaker import CircuitBreaker
 from app.capture import Capture
-from app.preprocess import ImageSpec, configure_pillow
+from app.description import Served, resolve
+from app.preprocess import configure_pillow
 from app.rollback import AutoRollback
 from app.routing import LEGACY, MODES_USING_LEGACY, TRITON, Router
-from app.service import PredictService, load_labels
+from app.scores import SCORE_FUNCTIONS
+from app.service import PredictService
 from app.settings import Settings
 from app.shadow import ShadowRunner
 from app.traffic import TrafficFlag, TrafficState
@@ -31,31 +33,34 @@ class Shim:
         self.router.close()
 
 
-def build_backends(settings: Settings, spec: ImageSpec, classes: int) -> dict[str, Backend]:
+def build_backends(settings: Settings, served: Served) -> dict[str, Backend]:
     """The real backends. Imported here, not at the top: importing the app package (gunicorn's master
     does) stays light, and tritonclient is created only in the worker that uses it."""
     from app.backends.legacy import LegacyBackend
     from app.backends.triton import TritonBackend
 
+    description = served.description
     return {
         TRITON: TritonBackend(
-            url=settings.triton_host_port, model=settings.model_name, version=settings.model_version,
+            url=settings.triton_host_port, model=description.name, version=settings.model_version,
             connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
-            readiness_timeout_s=settings.readiness_timeout_s, image_shape=spec.shape, classes=classes,
-            max_batch_size=settings.max_batch_size, transport=settings.transport, uint8_model=settings.uint8_model,
-            shm_mode=settings.shm_mode_bits),
-        LEGACY: LegacyBackend(model_path=settings.legacy_model_path, threads=settings.legacy_threads,
-                              max_batch_size=settings.max_batch_size, image_shape=spec.shape),
+            readiness_timeout_s=settings.readiness_timeout_s, image_shape=served.spec.shape,
+            classes=description.classes, max_batch_size=settings.max_batch_size, transport=settings.transport,
+            uint8_model=settings.uint8_model or description.uint8_model, shm_mode=settings.shm_mode_bits,
+            parameters=description.parameters()),
+        LEGACY: LegacyBackend(model_path=served.legacy_model_path, threads=settings.legacy_threads,
+                              max_batch_size=settings.max_batch_size, image_shape=served.spec.shape,
+                              classes=description.classes),
     }
 
 
 def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None) -> Shim:
     """Everything a worker needs; `backends` replaces the real ones (tests pass fakes at this seam)."""
     metrics.initialize()
-    spec = ImageSpec(max_pixels=settings.max_image_pixels)
-    configure_pillow(spec)
-    labels = load_labels(settings.labels_path)
-    chosen = dict(backends) if backends is not None else build_backends(settings, spec, len(labels))
+    served = resolve(settings)  # the model's description (SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME/model.toml)
+    scores = SCORE_FUNCTIONS[served.description.scores]
+    configure_pillow(served.spec)
+    chosen = dict(backends) if backends is not None else build_backends(settings, served)
     upstream = Upstream()
     delay_s = settings.batch_delay_ms / 1000
     batchers = {
@@ -68,7 +73,7 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
                              health=lambda: triton_backend.ready().ready)
     shadow = ShadowRunner(batchers[TRITON], breaker, max_inflight=settings.shadow_max_inflight,
                           timeout_s=settings.shadow_timeout_s, tolerance=settings.shadow_tolerance,
-                          top_k=settings.top_k, logs_per_minute=settings.shadow_log_per_minute)
+                          top_k=served.top_k, logs_per_minute=settings.shadow_log_per_minute, scores=scores)
     initial = TrafficState(mode=settings.mode, canary_percent=settings.canary_percent,
                            shadow_percent=settings.shadow_percent)
     flag = TrafficFlag(settings.flag_file, initial, poll_s=settings.flag_poll_s)
@@ -82,6 +87,6 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
                           retry_after_s=settings.retry_after_s)
     capture = Capture(settings.capture_dir, per_minute=settings.capture_per_minute,
                       max_bytes=int(settings.capture_max_mb * 1024 * 1024)) if settings.capture_dir else None
-    service = PredictService(model_name=settings.model_name, spec=spec, labels=labels, top_k=settings.top_k,
-                             router=router, upstream=upstream, admission=admission, capture=capture)
+    service = PredictService(model_name=served.name, spec=served.spec, labels=served.labels, top_k=served.top_k,
+                             router=router, upstream=upstream, admission=admission, capture=capture, scores=scores)
     return Shim(settings=settings, service=service, router=router, admission=admission)

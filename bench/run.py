@@ -86,6 +86,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                       "needs --triton-url, the Triton it forwards to")
     p.add_argument("--legacy-url", help="an already-running legacy app to measure as (1) instead of starting one")
     p.add_argument("--model-name", default="resnet50", help="the Triton model (default resnet50)")
+    p.add_argument("--model-repository", type=Path,
+                   help="benchmark the model described by <repository>/<model-name>/model.toml (its preprocessing, "
+                        "labels and exported model.pt; tools/export_model.py) instead of an exported --arch")
+    p.add_argument("--legacy-transform",
+                   help="with --model-repository: the legacy app's transform, module:attribute (default: "
+                        "examples.transforms:<model-name>)")
     p.add_argument("--legacy-threads", type=int,
                    help="gunicorn threads of the legacy app (default 4; --frontend: 8 per worker)")
     p.add_argument("--shim-workers", type=int,
@@ -155,6 +161,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.shim_url and not args.triton_url:
         p.error("--shim-url needs --triton-url: the Triton that shim forwards to (for the direct ceiling and "
                 "Triton's metrics)")
+    args.description = None
+    if args.model_repository is not None:
+        from app.description import DescriptionError, description_path, load
+
+        try:
+            args.description = load(description_path(args.model_repository, args.model_name))
+        except DescriptionError as e:
+            p.error(str(e))
+        args.model_pt = args.model_pt or args.description.model_file()
     if args.model_pt is not None and not args.model_pt.is_file():
         p.error(f"--model-pt {args.model_pt} does not exist")
     return args
@@ -224,7 +239,8 @@ class Run:
         self._csv = csv.writer(self._csv_file)
         self._csv.writerow(["config", "clients", "phase", "start_s", "latency_ms", "error"])
         self.jpegs = stack.sample_jpegs(IMAGES, *IMAGE_SIZE)
-        self.ready_tensors = stack.ready_tensors(self.jpegs)
+        description = getattr(args, "description", None)
+        self.ready_tensors = stack.ready_tensors(self.jpegs, description.spec() if description else None)
         self.stopper = stack.Stopper()  # servers stop in the background; every window waits for them first
 
     def close(self, settle: bool = True) -> None:
@@ -387,7 +403,9 @@ class Run:
 
 @contextlib.contextmanager
 def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path) -> Iterator[Any]:
-    repo = stack.variant_repo(work / "repos", variant, model_pt, model=run.args.model_name)
+    description = run.args.description
+    repo = stack.variant_repo(work / "repos", variant, model_pt, model=run.args.model_name,
+                              source=description.folder.parent if description else stack.TRITON_REPO)
     shutil.copy(repo / run.args.model_name / "config.pbtxt", run.logs / f"config-{variant.name}.pbtxt")
     print(f"starting Triton ({variant.name}: {variant.instances} instances, dynamic batching "
           f"{'on' if variant.dynamic_batching else 'off'}) ...", flush=True)
@@ -408,8 +426,9 @@ def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path)
 def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: str) -> Iterator[str]:
     from tools import launch
 
+    repository = {"SHIM_MODEL_REPOSITORY": str(run.args.model_repository)} if run.args.model_repository else {}
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": run.args.model_name,
-           "SHIM_LABELS_PATH": str(labels), "SHIM_LEGACY_MODEL_PATH": str(model_pt),
+           "SHIM_LABELS_PATH": str(labels), "SHIM_LEGACY_MODEL_PATH": str(model_pt), **repository,
            **stack.shim_layout(run.args.shim_workers, run.args.shim_threads), **settings}
     shown = ", ".join(f"{k}={v}" for k, v in env.items() if k not in ("SHIM_LABELS_PATH", "SHIM_LEGACY_MODEL_PATH"))
     print(f"starting the shim ({shown}) ...", flush=True)
@@ -435,7 +454,13 @@ def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
         served = None
     else:
         print("starting the legacy app ...", flush=True)
-        served = launch.start_legacy_app(run.logs, model_pt=model_pt, labels=labels, threads=run.args.legacy_threads)
+        description = run.args.description
+        legacy_env = {} if description is None else {
+            "LEGACY_TRANSFORM": run.args.legacy_transform or f"examples.transforms:{description.name}",
+            "LEGACY_MODEL_NAME": description.name, "LEGACY_TOP_K": str(description.top_k),
+            "LEGACY_SCORES": description.scores}
+        served = launch.start_legacy_app(run.logs, model_pt=model_pt, labels=labels, threads=run.args.legacy_threads,
+                                         env=legacy_env)
         url = served.url
         description = (f"examples/legacy_app.py under gunicorn, 1 worker x {run.args.legacy_threads} threads, "
                        "TorchScript in-process on the CPU (torch's default thread count)")
@@ -533,7 +558,10 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
     started = time.monotonic()
     command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
     stamp = datetime.datetime.now().astimezone()
-    if args.model_pt is not None:
+    if args.description is not None:
+        arch = args.description.name
+        model_source = f"{args.description.path}: {args.description}"
+    elif args.model_pt is not None:
         arch = stack.model_arch(args.model_pt)
         model_source = f"{args.model_pt}"
     else:
@@ -562,7 +590,10 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
     labels = work / "labels.txt"
     from tools.export_model import write_labels
 
-    write_labels(arch if arch in ("resnet18", "resnet50") else "resnet50", labels)
+    if args.description is not None:
+        shutil.copyfile(args.description.labels, labels)
+    else:
+        write_labels(arch if arch in ("resnet18", "resnet50") else "resnet50", labels)
 
     notes: list[str] = []
     machine = stack.machine_info()

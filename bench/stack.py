@@ -182,9 +182,10 @@ def sample_jpegs(count: int, width: int = 640, height: int = 480) -> list[bytes]
     return list(_jpegs(count, width, height))
 
 
-def ready_tensors(jpegs: Iterable[bytes]) -> list[Any]:
-    """Each JPEG as the shim would send it to Triton: FP32 [1, 3, 224, 224], made once before the run."""
-    spec = ImageSpec()
+def ready_tensors(jpegs: Iterable[bytes], spec: ImageSpec | None = None) -> list[Any]:
+    """Each JPEG as the shim would send it to Triton: FP32 [1, 3, crop, crop] (the model's description's
+    preprocessing; resnet50's by default), made once before the run."""
+    spec = spec or ImageSpec()
     return [to_tensor(decode(jpeg, spec), spec)[None] for jpeg in jpegs]
 
 

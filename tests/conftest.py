@@ -24,6 +24,10 @@ from tools import launch
 from tools.launch import ServedApp
 
 TEST_ARCH = "resnet18"  # same input and output shapes as resnet50, a third of the compute
+# Two more classifiers, each with its own preprocessing, labels and legacy transform (examples/transforms.py),
+# served by the session's Triton beside resnet50: their descriptions are examples/models/<name>/model.toml.
+OWN_MODELS = ("efficientnet_lite0", "mobilenet_v3_small")
+OWN_MODELS_DIR = ROOT / "examples" / "models"
 SERVER_FIXTURES = {"triton", "triton_client", "shim_triton", "shim_legacy", "legacy_app", "switchable"}
 
 
@@ -140,6 +144,32 @@ def make_test_repo(dest: Path, model_pt: Path, *, only_resnet50: bool = False) -
     return dest
 
 
+def export_own_models() -> Path:
+    """OWN_MODELS exported by tools/export_model.py into .cache/test-models/repo once (kept while current)."""
+    import contextlib
+    import io
+
+    from tools import export_model
+
+    cache = ROOT / ".cache" / "test-models" / "repo"
+    for name in OWN_MODELS:
+        with contextlib.redirect_stdout(io.StringIO()):
+            export_model.main([str(OWN_MODELS_DIR / name / "model.toml"), "--repo", str(cache)])
+    return cache
+
+
+def add_own_models(dest: Path) -> None:
+    """The own models' folders (and their uint8 ensembles and normalize steps) into a test repository; the shared
+    `normalize` step is the repository's own."""
+    cache = export_own_models()
+    for folder in sorted(cache.iterdir()):
+        if folder.name != "normalize" and folder.name.startswith(OWN_MODELS):
+            shutil.copytree(folder, dest / folder.name, symlinks=True,
+                            ignore=shutil.ignore_patterns("model.pt", "__pycache__"))
+            for model_pt in folder.glob("[0-9]*/model.pt"):
+                (dest / folder.name / model_pt.parent.name / "model.pt").symlink_to(model_pt)
+
+
 def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None) -> EmbeddedTriton:
     http, grpc, metrics = ports or free_ports(3)
     config = EmbeddedTritonConfig(model_repository=repo, cache_dir=cache_dir, http_port=http,
@@ -156,7 +186,9 @@ def _session_dir() -> Path:
 def session_test_repo() -> Path:
     """The session's copy of triton_repo with the seeded model, made once (on the main thread: exporting
     runs torch, which must never run in two threads at once; seen: kernels registered twice, a segfault)."""
-    return make_test_repo(_session_dir() / "triton_repo", export_test_model())
+    repo = make_test_repo(_session_dir() / "triton_repo", export_test_model())
+    add_own_models(repo)
+    return repo
 
 
 class SessionTriton:

@@ -74,10 +74,11 @@ def start_shim(log_dir: Path, env: dict[str, str], port: int | None = None) -> S
 
 
 def start_legacy_app(log_dir: Path, *, model_pt: Path, labels: Path, threads: int = 4,
-                     port: int | None = None) -> ServedApp:
-    """examples/legacy_app.py as a team ran it before the migration: one gunicorn process."""
+                     port: int | None = None, env: dict[str, str] | None = None) -> ServedApp:
+    """examples/legacy_app.py as a team ran it before the migration: one gunicorn process. `env`: its LEGACY_*
+    settings for another team's model (LEGACY_TRANSFORM, LEGACY_MODEL_NAME, LEGACY_TOP_K, LEGACY_SCORES)."""
     port = port or free_port()
-    env = {**os.environ, "LEGACY_MODEL_PATH": str(model_pt), "LEGACY_LABELS_PATH": str(labels)}
+    env = {**os.environ, "LEGACY_MODEL_PATH": str(model_pt), "LEGACY_LABELS_PATH": str(labels), **(env or {})}
     cmd = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "1",
            "--threads", str(threads), "--no-control-socket", "examples.legacy_app:app"]
     return ServedApp("legacy app", cmd, env, port, log_dir / f"legacy-{port}.log")

@@ -57,6 +57,8 @@ def write_standin_repo(dest: Path, source: Path = ROOT / "triton_repo", labels_a
             header = HEADER.format(source=model_dir / "config.pbtxt", standin=replace[name])
             (target / "config.pbtxt").write_text(header + text_format.MessageToString(config))
             shutil.copy(STANDINS / replace[name], target / "1" / "model.py")
+            if (model_dir / "model.toml").is_file():  # the model's description, which the shim reads
+                shutil.copy(model_dir / "model.toml", target / "model.toml")
         for output in config.output:
             if output.label_filename:
                 write_labels(labels_arch, target / output.label_filename)

@@ -26,8 +26,9 @@ class LegacyBackend:
     name = "legacy"
 
     def __init__(self, *, model_path: Path, threads: int, max_batch_size: int, image_shape: Sequence[int],
-                 load_timeout_s: float = 120) -> None:
+                 load_timeout_s: float = 120, classes: int | None = None) -> None:
         self.model_path = model_path
+        self._classes = classes  # what the model's description says it answers; checked on its first run
         self._image_shape = tuple(image_shape)
         self._threads = threads
         self._max_batch = max_batch_size
@@ -106,5 +107,10 @@ class LegacyBackend:
             torch.set_num_threads(self._threads)
         model = torch.jit.load(str(self.model_path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
         with torch.inference_mode():  # the first call optimises the graph; no client should pay for it
-            model(torch.zeros((1, *self._image_shape)))
+            out = model(torch.zeros((1, *self._image_shape)))
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        if self._classes is not None and got != [1, self._classes]:
+            raise ValueError(f"it answers {got} for an input {[1, *self._image_shape]}, where the model's description "
+                             f"says [output] classes = {self._classes}: export the model the description describes "
+                             "(tools/export_model.py), or fix the description")
         return model

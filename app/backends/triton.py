@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -77,8 +77,10 @@ class Route:
 
 
 def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Sequence[int], classes: int,
-                where: str, datatype: str = "FP32") -> ModelSpec:
-    """The model's metadata against what the shim sends ([N, *image_shape] of `datatype`) and expects back."""
+                where: str, datatype: str = "FP32", parameters: Mapping[str, str] | None = None) -> ModelSpec:
+    """The model's metadata against what the shim sends ([N, *image_shape] of `datatype`) and expects back;
+    the preprocessing `parameters` its config serves (generated from the model's description) against the
+    shim's own description, where it serves them."""
     want_in = f"{datatype} [-1, {', '.join(map(str, image_shape))}]"
     if len(meta.get("inputs", [])) != 1 or len(meta.get("outputs", [])) != 1:
         raise ModelMismatch(f"{where} has {len(meta.get('inputs', []))} inputs and {len(meta.get('outputs', []))} "
@@ -91,6 +93,13 @@ def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Se
     if out["datatype"] != "FP32" or len(out_shape) != 2 or out_shape[1] != classes:
         raise ModelMismatch(f"{where} output '{out['name']}' is {out['datatype']} {out_shape}; the shim expects "
                             f"FP32 [-1, {classes}] (one score per label in its labels file)", backend=NAME)
+    served = {k: str(v.get("string_value", "")) for k, v in config.get("parameters", {}).items() if isinstance(v, dict)}
+    differ = [f"{k}={served[k]!r}, the shim's description says {v!r}" for k, v in (parameters or {}).items()
+              if k in served and served[k] != v]
+    if differ:
+        raise ModelMismatch(f"{where} was generated from another description: {'; '.join(differ)}. Regenerate its "
+                            "repository (tools/export_model.py), or point SHIM_MODEL_REPOSITORY at the one it serves",
+                            backend=NAME)
     max_batch = int(config.get("max_batch_size", 0)) or (in_shape[0] if in_shape[0] > 0 else 1)
     return ModelSpec(inp["name"], out["name"], max_batch, tuple(meta.get("versions", [])))
 
@@ -149,11 +158,13 @@ class TritonBackend:
 
     def __init__(self, *, url: str, model: str, version: str, connect_timeout_s: float, network_timeout_s: float,
                  readiness_timeout_s: float, image_shape: Sequence[int], classes: int, max_batch_size: int,
-                 transport: str = "http", uint8_model: str = "", shm_mode: int = 0o600) -> None:
+                 transport: str = "http", uint8_model: str = "", shm_mode: int = 0o600,
+                 parameters: Mapping[str, str] | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.url, self.model, self.version = url, model, version
         self.uint8_model = uint8_model or f"{model}_uint8"
+        self._parameters = dict(parameters or {})  # the description's preprocessing, as its configs carry it
         self._crop = int(image_shape[-1])
         self._classes, self._max_batch = classes, max_batch_size
         self._wanted = transport
@@ -439,7 +450,8 @@ class TritonBackend:
         config = self._call(clients, lambda c: c.get_model_config(route.model, self.version))
         try:
             spec = check_model(meta, config, image_shape=route.image_shape(self._crop), classes=self._classes,
-                               where=self._where(route), datatype=TRITON_DTYPE[route.kind])
+                               where=self._where(route), datatype=TRITON_DTYPE[route.kind],
+                               parameters=self._parameters)
         except ModelMismatch as e:
             if not self._mismatch_logged:
                 log.error("%s", e.message)  # once: readiness repeats it to whoever asks

@@ -166,10 +166,38 @@ def sync_cpu_repo(source: Path, target: Path, cpus: int | None = None) -> list[s
     return changed
 
 
+def check_description(model_dir: Path, config: mc.ModelConfig) -> None:
+    """A model with a description (model.toml): its config.pbtxt must carry what the description implies (name,
+    dims, class count, batch size, the preprocessing parameters), or Triton would serve another model than the
+    shim expects. Backend, instances and batching may differ (stand-ins, benchmark variants, the CPU copy)."""
+    from app.description import DescriptionError, load
+
+    try:
+        description = load(model_dir / "model.toml")
+    except DescriptionError as e:
+        raise EmbeddedTritonError(str(e)) from e
+    served = {k: v.string_value for k, v in config.parameters.items()}
+    wanted = {"name": description.name, "max_batch_size": description.max_batch_size,
+              "input dims": list(description.input_shape), "output dims": [description.classes],
+              **description.parameters()}
+    found = {"name": config.name, "max_batch_size": config.max_batch_size,
+             "input dims": list(config.input[0].dims) if config.input else [],
+             "output dims": list(config.output[0].dims) if config.output else [],
+             **{k: served.get(k, "(missing)") for k in description.parameters()}}
+    stale = [f"{k} {found[k]!r} (the description: {v!r})" for k, v in wanted.items() if found[k] != v]
+    if stale:
+        raise EmbeddedTritonError(f"{model_dir}/config.pbtxt is older than {model_dir.name}/model.toml: "
+                                  f"{'; '.join(stale)}. Run `python tools/export_model.py --model {model_dir.name}` "
+                                  f"(--configs-only: without torch)")
+
+
 def check_model_files(source: Path) -> None:
-    """Fail early, with the command to run, when a libtorch model has no TorchScript file yet."""
+    """Fail early, with the command to run, when a libtorch model has no TorchScript file yet, or a model's
+    config is older than its description."""
     for name, model_dir in model_dirs(source).items():
         config = read_config(model_dir / "config.pbtxt")
+        if (model_dir / "model.toml").is_file():
+            check_description(model_dir, config)
         if not is_libtorch(config):
             continue
         filename = config.default_model_filename or "model.pt"

@@ -50,7 +50,8 @@ def parser() -> argparse.ArgumentParser:
                     "path, compare the answers, and judge them: GO (exit 0) or NO-GO (exit 1); 2 when no verdict "
                     "could be given (bad arguments, no image, an endpoint that does not answer).",
         epilog="in-process defaults come from the shim's own SHIM_* settings (SHIM_TRITON_URL, SHIM_LEGACY_MODEL_PATH, "
-               "SHIM_LABELS_PATH, SHIM_TRANSPORT, SHIM_MODEL_NAME, SHIM_MODEL_VERSION, SHIM_TOP_K), so that the "
+               "SHIM_LABELS_PATH, SHIM_TRANSPORT, SHIM_MODEL_NAME, SHIM_MODEL_REPOSITORY, SHIM_MODEL_VERSION, "
+               "SHIM_TOP_K), so that the "
                "command runs as-is inside the shim's image.")
     p.add_argument("images", type=Path, help="a folder of images (searched recursively; a capture works as is)")
     p.add_argument("--out", type=Path, help="where report.md, report.html and results.csv go "
@@ -64,6 +65,8 @@ def parser() -> argparse.ArgumentParser:
     own.add_argument("--labels", type=Path, help="the labels file (default: SHIM_LABELS_PATH)")
     own.add_argument("--transport", choices=TRANSPORTS, help="how tensors travel to Triton (default: SHIM_TRANSPORT)")
     own.add_argument("--model", help="Triton's model name (default: SHIM_MODEL_NAME)")
+    own.add_argument("--model-repository", type=Path,
+                     help="where <model>/model.toml, the model's description, is (default: SHIM_MODEL_REPOSITORY)")
     own.add_argument("--model-version", help="Triton's model version (default: SHIM_MODEL_VERSION, the served one)")
     own.add_argument("--top-k", type=int, help="classes compared per answer (default: SHIM_TOP_K)")
     run = p.add_argument_group("the run")
@@ -118,13 +121,14 @@ class Progress:
 def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> Source:
     if args.shim_url:
         given = [f"--{n.replace('_', '-')}" for n in ("triton_url", "legacy_model", "labels", "transport", "model",
-                                                      "model_version", "top_k") if getattr(args, n) is not None]
+                                                      "model_version", "top_k", "model_repository")
+                 if getattr(args, n) is not None]
         if given:
             p.error(f"--shim-url compares the shim's own backends: {', '.join(given)} cannot go with it")
         return ThroughShim(args.shim_url, timeout_s=args.timeout or 60.0)
     overrides = {"triton_url": args.triton_url, "legacy_model_path": args.legacy_model, "labels_path": args.labels,
                  "transport": args.transport, "model_name": args.model, "model_version": args.model_version,
-                 "triton_timeout_s": args.timeout}
+                 "triton_timeout_s": args.timeout, "model_repository": args.model_repository}
     try:
         settings = Settings.from_env(**{k: v for k, v in overrides.items() if v is not None})
     except SettingsError as e:
@@ -133,10 +137,9 @@ def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> Source:
         for name, option in flag.items():
             message = message.replace(f"SHIM_{name.upper()}=", f"{option} / SHIM_{name.upper()}=")
         p.error(message)
-    k = args.top_k if args.top_k is not None else settings.top_k
-    if k < 1:
+    if args.top_k is not None and args.top_k < 1:
         p.error("--top-k must be at least 1")
-    return InProcess(settings, k=k)
+    return InProcess(settings, k=args.top_k)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

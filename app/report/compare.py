@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.contract import Prediction
+from app.scores import Scores, softmax
 from app.shadow import compare as compare_logits
 
 LEGACY, TRITON = "legacy", "triton"
@@ -65,8 +66,9 @@ class Outcome:
         return self.legacy if backend == LEGACY else self.triton
 
 
-def from_logits(legacy: npt.NDArray[np.float32], triton: npt.NDArray[np.float32], k: int) -> Agreement:
-    result = compare_logits(legacy, triton, k=k, tolerance=0.0)
+def from_logits(legacy: npt.NDArray[np.float32], triton: npt.NDArray[np.float32], k: int,
+                scores: Scores = softmax) -> Agreement:
+    result = compare_logits(legacy, triton, k=k, tolerance=0.0, scores=scores)
     return Agreement(result.same_top1, result.topk_overlap, result.max_abs_diff)
 
 

@@ -36,11 +36,13 @@ import numpy as np
 import numpy.typing as npt
 
 from app.contract import IMAGE_FIELD, Prediction
+from app.description import resolve
 from app.errors import ShimError
 from app.preprocess import ImageSpec, Prepared, decode, prepare
 from app.report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits, from_top_k
-from app.service import load_labels, top_k
-from app.settings import Settings
+from app.scores import SCORE_FUNCTIONS, softmax
+from app.service import top_k
+from app.settings import Settings, SettingsError
 
 BACKEND_HEADER = "X-Shim-Backend"  # app/api.py: on requests the override, on answers who answered
 # The contract's refusals of an input: the same answer from both backends makes the file a skipped input.
@@ -169,7 +171,7 @@ def _replay_one(source: Source, index: int, name: str, path: Path) -> Outcome:
         return Outcome(name, skipped=f"the shim refuses it: {legacy.refused}")
     agreement = None
     if legacy.logits is not None and triton.logits is not None:
-        agreement = from_logits(legacy.logits, triton.logits, source.k)
+        agreement = from_logits(legacy.logits, triton.logits, source.k, getattr(source, "scores", softmax))
     elif legacy.answer.ok and triton.answer.ok:
         agreement = from_top_k(legacy.answer.top, triton.answer.top)
     return Outcome(name, legacy=legacy.answer, triton=triton.answer, agreement=agreement)
@@ -180,31 +182,35 @@ def _replay_one(source: Source, index: int, name: str, path: Path) -> Outcome:
 class InProcess:
     """The shim's own backends, built from its settings (SHIM_*), in this process."""
 
-    def __init__(self, settings: Settings, *, k: int, legacy_load_timeout_s: float = 300) -> None:
+    def __init__(self, settings: Settings, *, k: int | None = None, legacy_load_timeout_s: float = 300) -> None:
         from app.backends.legacy import LegacyBackend
         from app.backends.triton import TritonBackend
 
         self.settings = settings
-        self.k = k
-        self.spec = ImageSpec(max_pixels=settings.max_image_pixels)
-        if not settings.legacy_model_path.is_file():
-            raise Unusable(f"legacy model {settings.legacy_model_path} does not exist (--legacy-model or "
+        try:  # the model's description: its preprocessing, labels, scores and top-k, as the shim has them
+            self.served = resolve(settings)
+        except SettingsError as e:
+            raise Unusable(f"{e} (--model-repository, --model, --labels, --legacy-model or their SHIM_* settings)") \
+                from None
+        description = self.served.description
+        self.spec = self.served.spec
+        self.labels = self.served.labels
+        self.scores = SCORE_FUNCTIONS[description.scores]
+        self.k = k if k is not None else self.served.top_k
+        if not self.served.legacy_model_path.is_file():
+            raise Unusable(f"legacy model {self.served.legacy_model_path} does not exist (--legacy-model or "
                            "SHIM_LEGACY_MODEL_PATH)")
-        try:
-            self.labels = load_labels(settings.labels_path)
-        except (FileNotFoundError, ValueError) as e:
-            raise Unusable(f"{e} (--labels or SHIM_LABELS_PATH)") from None
-        if k > len(self.labels):
-            raise Unusable(f"--top-k {k} is more than the {len(self.labels)} classes of {settings.labels_path}")
-        self.legacy = LegacyBackend(model_path=settings.legacy_model_path, threads=settings.legacy_threads,
+        if self.k > len(self.labels):
+            raise Unusable(f"--top-k {self.k} is more than the {len(self.labels)} classes of {self.served.labels_path}")
+        self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=settings.legacy_threads,
                                     max_batch_size=1, image_shape=self.spec.shape,
-                                    load_timeout_s=legacy_load_timeout_s)
+                                    load_timeout_s=legacy_load_timeout_s, classes=description.classes)
         self.triton = TritonBackend(
-            url=settings.triton_host_port, model=settings.model_name, version=settings.model_version,
+            url=settings.triton_host_port, model=description.name, version=settings.model_version,
             connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
-            readiness_timeout_s=settings.readiness_timeout_s, image_shape=self.spec.shape, classes=len(self.labels),
-            max_batch_size=1, transport=settings.transport, uint8_model=settings.uint8_model,
-            shm_mode=settings.shm_mode_bits)
+            readiness_timeout_s=settings.readiness_timeout_s, image_shape=self.spec.shape, classes=description.classes,
+            max_batch_size=1, transport=settings.transport, uint8_model=settings.uint8_model or description.uint8_model,
+            shm_mode=settings.shm_mode_bits, parameters=description.parameters())
         self._triton_info = ""
 
     def check(self) -> None:
@@ -230,7 +236,7 @@ class InProcess:
             return Reply(Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"))
         seconds = time.perf_counter() - started
         row = logits[0]
-        return Reply(Answer(backend, seconds, tuple(top_k(row, self.labels, self.k))), logits=row)
+        return Reply(Answer(backend, seconds, tuple(top_k(row, self.labels, self.k, self.scores))), logits=row)
 
     def describe(self) -> list[tuple[str, str]]:
         s = self.settings
@@ -239,8 +245,9 @@ class InProcess:
                        "one image per call (batch size 1); times are each backend call alone, after the shim's "
                        "own decode and preprocess, which both paths share"),
             ("Triton", f"{s.triton_host_port}: {self._triton_info}; transport {self.triton.transport}"),
-            ("Legacy model", describe_model(s.legacy_model_path)),
-            ("Labels", f"{s.labels_path} ({len(self.labels)} classes); top-{self.k} compared"),
+            ("Model", f"{self.served.description.path}: {self.served.description}"),
+            ("Legacy model", describe_model(self.served.legacy_model_path)),
+            ("Labels", f"{self.served.labels_path} ({len(self.labels)} classes); top-{self.k} compared"),
         ]
 
     def close(self) -> None:

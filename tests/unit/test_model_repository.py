@@ -154,3 +154,31 @@ def test_a_broken_wheel_says_how_to_reinstall(tmp_path: Path) -> None:
 def test_three_distinct_ports_are_required(tmp_path: Path) -> None:
     with pytest.raises(EmbeddedTritonError, match="three distinct ports"):
         EmbeddedTritonConfig(model_repository=tmp_path, http_port=8000, grpc_port=8000, metrics_port=8002)
+
+
+def test_a_config_older_than_its_description_stops_the_embedded_server(tmp_path: Path) -> None:
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(TRITON_REPO / "resnet50", repo / "resnet50",
+                    ignore=shutil.ignore_patterns("model.pt", "labels.txt"))
+    (repo / "resnet50" / "1").mkdir(exist_ok=True)
+    (repo / "resnet50" / "1" / "model.pt").write_bytes(b"weights")
+    description = repo / "resnet50" / "model.toml"
+    description.write_text(description.read_text().replace('interpolation = "bilinear"', 'interpolation = "bicubic"'))
+    server = EmbeddedTriton(EmbeddedTritonConfig(model_repository=repo, cache_dir=tmp_path / "cache"))
+    with pytest.raises(EmbeddedTritonError, match=r"config.pbtxt is older than resnet50/model.toml: interpolation "
+                                                  r"'bilinear' \(the description: 'bicubic'\)\. Run `python "
+                                                  r"tools/export_model.py --model resnet50`"):
+        server.start()
+
+
+def test_the_preprocess_model_carries_the_default_descriptions_preprocessing() -> None:
+    """preprocess (numpy, Triton-side) is the default model's: its parameters are resnet50's description's."""
+    from app.description import load
+
+    described = load(TRITON_REPO / "resnet50" / "model.toml").parameters()
+    params = {k: v.string_value for k, v in read_config(TRITON_REPO / "preprocess" / "config.pbtxt").parameters.items()}
+    assert {k: params[k] for k in ("resize", "crop", "mean", "std")} == {k: described[k] for k in
+                                                                       ("resize", "crop", "mean", "std")}
+    assert described["interpolation"] == "bilinear"  # what preprocess/1/model.py does

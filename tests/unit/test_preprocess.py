@@ -47,3 +47,53 @@ def test_decode_refuses_with_the_contracts_errors() -> None:
     small = ImageSpec(max_pixels=1000)
     with pytest.raises(TooLarge):
         decode(encode(photo(100, 100), "PNG"), small)
+
+
+INTERPOLATIONS = ["nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos"]
+# (resize, crop, max_size): a model's own; a crop that fills the short side; max_size shrinking the short side
+# below the crop, where CenterCrop pads with zeros.
+GEOMETRIES = [(232, 224, None), (224, 224, None), (160, 200, 180)]
+SIZES = [(640, 480), (480, 640), (1, 1), (225, 10), (232, 232), (300, 233), (701, 333)]
+
+
+@pytest.mark.parametrize("interpolation", INTERPOLATIONS)
+@pytest.mark.parametrize(("resize", "crop", "max_size"), GEOMETRIES)
+def test_every_interpolation_and_geometry_is_bit_exact_with_torchvision(interpolation: str, resize: int, crop: int,
+                                                                        max_size: int | None) -> None:
+    """torchvision 0.29's PIL path: Pillow's filter for the mode (nearest-exact is Pillow's NEAREST too; antialias
+    does not apply to PIL images), _compute_resized_output_size's truncation and max_size, round() crop offsets."""
+    from torchvision import transforms
+    from torchvision.transforms import InterpolationMode
+
+    spec = ImageSpec(resize=resize, crop=crop, interpolation=interpolation, max_size=max_size,
+                     mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.25))
+    pipeline = transforms.Compose([transforms.Resize(resize, InterpolationMode(interpolation), max_size=max_size,
+                                                     antialias=True),
+                                   transforms.CenterCrop(crop), transforms.ToTensor(),
+                                   transforms.Normalize(spec.mean, spec.std)])
+    for size in SIZES:
+        if max_size and min(size) * max_size < max(size):
+            continue  # the short side would become 0 pixels: torchvision fails, the shim answers 413 (below)
+        image = Image.fromarray(photo(*size, seed=sum(size)))
+        ours = to_tensor(image, spec)
+        assert ours.shape == (3, crop, crop)
+        assert np.array_equal(ours, pipeline(image).numpy()), (interpolation, size)  # max abs diff 0
+
+
+def test_a_strip_that_max_size_would_shrink_to_nothing_is_refused() -> None:
+    with pytest.raises(TooLarge, match="too elongated"):
+        to_tensor(Image.new("RGB", (3, 700)), ImageSpec(resize=160, crop=150, max_size=180))
+
+
+def test_white_composites_transparency_on_white_and_convert_drops_it() -> None:
+    rgba = Image.new("RGBA", (4, 4), (200, 10, 10, 0))  # fully transparent red
+    data = encode(rgba, "PNG")
+    assert decode(data, ImageSpec()).getpixel((0, 0)) == (200, 10, 10)  # Pillow's convert: alpha dropped
+    assert decode(data, ImageSpec(color="white")).getpixel((0, 0)) == (255, 255, 255)
+    gray = encode(Image.new("L", (4, 4), 77), "PNG")
+    assert decode(gray, ImageSpec(color="white")).getpixel((0, 0)) == (77, 77, 77)
+
+
+def test_an_unknown_interpolation_is_refused_when_the_spec_is_built() -> None:
+    with pytest.raises(ValueError, match="interpolation 'bicubical'"):
+        ImageSpec(interpolation="bicubical")

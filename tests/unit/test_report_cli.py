@@ -25,7 +25,7 @@ def no_shim_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def model_files(tmp_path: Path) -> list[str]:
     """Files that exist: nothing here loads them, a usage error comes first."""
     (tmp_path / "model.pt").write_bytes(b"not loaded")
-    (tmp_path / "labels.txt").write_text("cat\ndog\n" * 10)
+    (tmp_path / "labels.txt").write_text("cat\ndog\n" * 500)  # resnet50's description: 1,000 classes
     # 127.0.0.1:9 (discard): nothing is asked before the usage error
     return ["--triton-url", "127.0.0.1:9", "--legacy-model", str(tmp_path / "model.pt"),
             "--labels", str(tmp_path / "labels.txt")]
@@ -63,7 +63,9 @@ def images(folder: Path, count: int = 2) -> Path:
     (["{images}", "--triton-url", "http://host/v2"], "--triton-url / SHIM_TRITON_URL="),
     (["{images}", "--legacy-model", "{tmp}/nope.pt"], "legacy model"),
     (["{images}", "--labels", "{tmp}/nope.txt"], "labels file"),
-    (["{images}", "--top-k", "21"], "--top-k 21 is more than the 20 classes"),
+    (["{images}", "--top-k", "1001"], "--top-k 1001 is more than the 1000 classes"),
+    (["{images}", "--labels", "{tmp}/short.txt"], "has 2 labels, but triton_repo/resnet50/model.toml says [output] "
+                                                  "classes = 1000"),
     (["{images}", "--no-such-option"], "unrecognized arguments"),
 ])
 def test_usage_errors_exit_2_with_one_clear_line(argv: list[str], says: str, tmp_path: Path, model_files: list[str],
@@ -71,6 +73,7 @@ def test_usage_errors_exit_2_with_one_clear_line(argv: list[str], says: str, tmp
     (tmp_path / "empty").mkdir()
     (tmp_path / "text").mkdir()
     (tmp_path / "text" / "notes.txt").write_text("hello")
+    (tmp_path / "short.txt").write_text("cat\ndog\n")
     places = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "text": tmp_path / "text",
               "images": images(tmp_path / "images"), "tmp": tmp_path}
     filled = [a.format(**places) for a in argv]

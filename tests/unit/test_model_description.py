@@ -1,0 +1,237 @@
+"""The model description (app/description.py): its readers, the files generated from it, and its errors.
+
+One description, many readers: the committed configs of triton_repo/ must be exactly what app/model_repo.py
+writes from triton_repo/resnet50/model.toml, and a wrong description stops the export or the shim's start with
+a message that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from app import model_repo
+from app.description import DescriptionError, ModelDescription, load, parse, resolve
+from app.settings import Settings
+from tests.support import ROOT, TRITON_REPO
+from tools import export_model
+
+EXAMPLES = sorted((ROOT / "examples" / "models").glob("*/model.toml"))
+DEFAULT = TRITON_REPO / "resnet50" / "model.toml"
+
+
+def write(folder: Path, text: str, name: str = "mymodel") -> Path:
+    path = folder / name / "model.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'name = "{name}"\n' + text)
+    return path
+
+
+def test_the_committed_configs_are_what_the_default_description_generates() -> None:
+    description = load(DEFAULT)
+    files = model_repo.generated_files(description)
+    assert set(files) == {Path("resnet50/config.pbtxt"), Path("resnet50/configs/cpu.pbtxt"),
+                          Path("normalize/config.pbtxt"), Path("normalize/configs/cpu.pbtxt"),
+                          Path("resnet50_uint8/config.pbtxt"), Path("resnet50_uint8/1/README.md")}
+    for rel, text in files.items():
+        assert (TRITON_REPO / rel).read_text() == text, f"{rel} differs: `python tools/export_model.py --configs-only`"
+    assert model_repo.stale(description, TRITON_REPO) == []
+
+
+def test_the_defaults_are_todays_resnet50() -> None:
+    d = load(DEFAULT)
+    assert (d.name, d.resize, d.crop, d.interpolation, d.mean, d.std) == (
+        "resnet50", 256, 224, "bilinear", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    assert (d.classes, d.scores, d.top_k, d.uint8_model, d.normalize_model) == (
+        1000, "softmax", 5, "resnet50_uint8", "normalize")
+    spec = d.spec()
+    assert (spec.resize, spec.crop, spec.interpolation, spec.shape) == (256, 224, "bilinear", (3, 224, 224))
+    assert d.parameters() == {"resize": "256", "crop": "224", "interpolation": "bilinear",
+                              "mean": "0.485,0.456,0.406", "std": "0.229,0.224,0.225", "color": "convert",
+                              "scores": "softmax"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
+def test_the_example_descriptions_are_valid_and_differ_from_resnet50(path: Path) -> None:
+    d = load(path)
+    assert d.name == path.parent.name
+    assert (d.resize, d.interpolation, d.mean, d.classes) != (256, "bilinear", (0.485, 0.456, 0.406), 1000)
+    files = model_repo.generated_files(d)
+    config = files[Path(d.name, "config.pbtxt")]
+    assert f"dims: [ {d.classes} ]" in config and f'name: "{d.name}"' in config
+    assert f'{{ key: "interpolation", value: {{ string_value: "{d.interpolation}" }} }}' in config
+    assert f'model_name: "{d.normalize_model}"' in files[Path(d.uint8_model, "config.pbtxt")]
+
+
+def test_a_model_with_its_own_mean_and_std_gets_its_own_normalize_step() -> None:
+    effnet = load(ROOT / "examples" / "models" / "efficientnet_lite0" / "model.toml")
+    mobilenet = load(ROOT / "examples" / "models" / "mobilenet_v3_small" / "model.toml")
+    assert effnet.normalize_model == "efficientnet_lite0_normalize" and mobilenet.normalize_model == "normalize"
+    assert effnet.mean == (127 / 255,) * 3 and effnet.std == (128 / 255,) * 3  # the TF original's 127 and 128
+    # The shared step is the same file whichever description writes it.
+    shared = model_repo.generated_files(mobilenet)[Path("normalize/config.pbtxt")]
+    assert shared == (TRITON_REPO / "normalize" / "config.pbtxt").read_text()
+
+
+def test_later_transports_add_one_template_function(tmp_path: Path) -> None:
+    """The GPU-decode issue's <name>_decode is one more entry of GENERATED, reading the same parameters."""
+    def decode_step(d: ModelDescription) -> model_repo.Files:
+        params = "".join(f"{k}={v};" for k, v in d.parameters().items() if k in ("resize", "crop", "interpolation"))
+        return {Path(f"{d.name}_decode", "config.pbtxt"): params}
+
+    model_repo.GENERATED.append(decode_step)
+    try:
+        files = model_repo.generated_files(load(ROOT / "examples" / "models" / "mobilenet_v3_small" / "model.toml"))
+    finally:
+        model_repo.GENERATED.remove(decode_step)
+    assert files[Path("mobilenet_v3_small_decode/config.pbtxt")] == "resize=232;crop=224;interpolation=bicubic;"
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('[model]\ntorchvision = "resnet18"\n[preprocess]\ninterpolation = "bicubical"\n',
+     r"\[preprocess\] interpolation = 'bicubical' is not valid: expected a torchvision InterpolationMode name: "
+     r"nearest \| nearest-exact \| bilinear \| bicubic"),
+    ('[model]\ntorchvision = "resnet18"\n[preprocess]\nresize = 200\ncrop = 224\n',
+     r"\[preprocess\] crop = 224 is not valid: expected at most resize = 200"),
+    ('[model]\ntorchvision = "resnet18"\n[preprocess]\nmean = [0.5, 0.5]\n',
+     r"\[preprocess\] mean = \[0.5, 0.5\] is not valid: expected three numbers"),
+    ('[model]\ntorchvision = "resnet18"\n[output]\nscores = "argmax"\n',
+     r"\[output\] scores = 'argmax' is not valid: expected softmax \| sigmoid \| probabilities"),
+    ('[model]\ntorchvision = "resnet18"\n[output]\nclases = 10\n',
+     r"\[output\] clases = 10 is not valid: expected no such field here \(known: .*classes"),
+    ('[model]\ntorchvision = "resnet18"\ntorchscript = "m.pt"\n', r"expected exactly one of them"),
+    ('[model]\n', r"torchvision \| torchscript \| efficientnet_lite = 'none' is not valid"),
+    ('[model]\ntorchvision = "resnet18"\n[output]\nclasses = 10\ntop_k = 11\n',
+     r"\[output\] top_k = 11 is not valid: expected a whole number from 1 to 10"),
+])
+def test_a_wrong_description_names_the_field_and_the_fix(tmp_path: Path, text: str, says: str) -> None:
+    with pytest.raises(DescriptionError, match=says):
+        load(write(tmp_path, text))
+
+
+def test_the_name_must_be_the_folders(tmp_path: Path) -> None:
+    path = write(tmp_path, '[model]\ntorchvision = "resnet18"\n')
+    path.write_text(path.read_text().replace('name = "mymodel"', 'name = "other"'))
+    with pytest.raises(DescriptionError, match=r"name = 'other' is not valid: expected the name of the folder "
+                                               r"that holds it, 'mymodel'"):
+        load(path)
+
+
+def test_the_shim_does_not_start_on_a_description_its_labels_contradict(tmp_path: Path) -> None:
+    write(tmp_path, '[model]\ntorchvision = "resnet18"\n[output]\nclasses = 1000\n')
+    (tmp_path / "mymodel" / "labels.txt").write_text("".join(f"product {i}\n" for i in range(37)))
+    settings = Settings(model_repository=tmp_path, model_name="mymodel")
+    with pytest.raises(DescriptionError, match=r"labels.txt has 37 labels, but .*model.toml says \[output\] "
+                                               r"classes = 1000: one label per output class"):
+        resolve(settings)
+    from app import create_app
+
+    with pytest.raises(DescriptionError, match="37 labels"):
+        create_app(settings)
+    missing = Settings(model_repository=tmp_path, model_name="nothing")
+    with pytest.raises(DescriptionError, match=r"no model description at .*nothing/model.toml: write one"):
+        resolve(missing)
+
+
+def test_settings_override_labels_and_top_k(tmp_path: Path) -> None:
+    write(tmp_path, '[model]\ntorchvision = "resnet18"\n[output]\nclasses = 3\ntop_k = 2\n')
+    (tmp_path / "mymodel" / "labels.txt").write_text("a\nb\nc\n")
+    other = tmp_path / "other.txt"
+    other.write_text("x\ny\nz\n")
+    served = resolve(Settings(model_repository=tmp_path, model_name="mymodel"))
+    assert (served.labels, served.top_k, served.legacy_model_path) == (("a", "b", "c"), 2,
+                                                                       tmp_path / "mymodel" / "1" / "model.pt")
+    served = resolve(Settings(model_repository=tmp_path, model_name="mymodel", labels_path=other, top_k=3))
+    assert (served.labels, served.top_k) == (("x", "y", "z"), 3)
+    with pytest.raises(DescriptionError, match="SHIM_TOP_K=4 is not valid"):
+        resolve(Settings(model_repository=tmp_path, model_name="mymodel", top_k=4))
+
+
+def test_a_served_config_from_another_description_is_named() -> None:
+    d = load(ROOT / "examples" / "models" / "mobilenet_v3_small" / "model.toml")
+    served = {**d.parameters(), "interpolation": "bilinear"}
+    assert d.differences(served) == [f"interpolation='bilinear' where {d.path} says 'bicubic'"]
+    assert d.differences({"other": "1"}) == []  # a hand-written config without parameters is not compared
+
+
+# -- the export stops on a description its model or labels contradict -------------------------------------------
+
+def tiny_torchscript(path: Path, size: int, classes: int) -> Path:
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.features = 3 * size * size
+            self.fc = torch.nn.Linear(self.features, classes)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x.reshape(x.shape[0], self.features))
+
+    torch.jit.save(torch.jit.script(Tiny().eval()), str(path))
+    return path
+
+
+def export(argv: list[str]) -> str:
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        export_model.main(argv)
+    return out.getvalue()
+
+
+def test_a_torchscript_file_is_checked_by_running_it_once(tmp_path: Path) -> None:
+    tiny_torchscript(tmp_path / "tiny.pt", 32, 4)
+    labels = "[output]\nclasses = 4\ntop_k = 2\nlabels_from = \"../labels.txt\"\n"
+    (tmp_path / "labels.txt").write_text("a\nb\nc\nd\n")
+    good = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n[preprocess]\nresize = 36\ncrop = 32\n' + labels)
+    repo = tmp_path / "repo"
+    printed = export([str(good), "--repo", str(repo)])
+    assert "wrote" in printed and (repo / "mymodel" / "1" / "model.pt").is_file()
+    assert (repo / "mymodel" / "labels.txt").read_text() == "a\nb\nc\nd\n"
+    assert (repo / "mymodel" / "model.toml").read_text() == good.read_text()
+    assert model_repo.stale(load(repo / "mymodel" / "model.toml"), repo) == []
+
+    wrong_dims = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n' + labels, name="wrongdims")
+    with pytest.raises(SystemExit, match=r"does not take FP32 \[1, 3, 224, 224\], the input .*wrongdims/model.toml "
+                                         r"implies \(\[preprocess\] crop = 224\).*Set crop to the size the model "):
+        export([str(wrong_dims), "--repo", str(repo)])
+    wrong_classes = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n[preprocess]\nresize = 36\ncrop = 32\n'
+                          '[output]\nclasses = 10\nlabels_from = "imagenet"\n', name="wrongclasses")
+    with pytest.raises(SystemExit, match=r"has 1000 labels, but .*says \[output\] classes = 10"):
+        export([str(wrong_classes), "--repo", str(repo)])
+    (tmp_path / "ten.txt").write_text("".join(f"c{i}\n" for i in range(10)))
+    wrong_output = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n[preprocess]\nresize = 36\ncrop = 32\n'
+                         '[output]\nclasses = 10\nlabels_from = "../ten.txt"\n', name="wrongoutput")
+    with pytest.raises(SystemExit, match=r"answers \[1, 4\] for an input \[1, 3, 32, 32\]; .*says \[output\] "
+                                         r"classes = 10: set classes to the model's output size"):
+        export([str(wrong_output), "--repo", str(repo)])
+    assert not any((repo / n).exists() for n in ("wrongdims", "wrongclasses", "wrongoutput")), "nothing written"
+
+
+def test_37_labels_for_a_1000_class_output_stop_the_export(tmp_path: Path) -> None:
+    path = write(tmp_path, '[model]\ntorchvision = "resnet18"\n[output]\nclasses = 1000\nlabels = "labels.txt"\n')
+    (path.parent / "labels.txt").write_text("".join(f"product {i}\n" for i in range(37)))
+    with pytest.raises(SystemExit, match=r"labels.txt has 37 labels, but .*model.toml says \[output\] classes = "
+                                         r"1000: one label per output class"):
+        export([str(path), "--repo", str(tmp_path)])
+    assert not (path.parent / "1").exists()
+
+
+def test_a_torchvision_architecture_exports_with_its_class_count(tmp_path: Path) -> None:
+    path = write(tmp_path, '[model]\ntorchvision = "mobilenet_v3_small"\n[preprocess]\nresize = 72\ncrop = 64\n'
+                 '[output]\nclasses = 10\nlabels_from = "labels.txt"\n[triton]\ninstances = 1\n', name="small")
+    (path.parent / "labels.txt").write_text("".join(f"c{i}\n" for i in range(10)))
+    export([str(path), "--repo", str(tmp_path)])
+    info = export_model.read_export_info(tmp_path / "small" / "1" / "model.pt")
+    assert info is not None and (info["arch"], info["num_classes"], info["seed"]) == ("mobilenet_v3_small", 10, 0)
+    config = (tmp_path / "small" / "config.pbtxt").read_text()
+    assert "dims: [ 3, 64, 64 ]" in config and "dims: [ 10 ]" in config and "count: 1" in config
+    assert "kept" in export([str(path), "--repo", str(tmp_path)]), "a current model.pt is not exported again"
+
+
+def test_parse_accepts_an_in_memory_table() -> None:
+    d = parse({"name": "x", "model": {"torchvision": "resnet18"}, "preprocess": {"max_size": 300}},
+              Path("/repo/x/model.toml"))
+    assert d.max_size == 300 and d.parameters()["max_size"] == "300"
