@@ -31,6 +31,7 @@ whole run: it must then fail, which `make k8s-test` itself also shows, more chea
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import ipaddress
 import json
@@ -65,6 +66,7 @@ PLAN_FILE = CACHE / "plan.json"      # what tests/k8s needs to know about them (
 CONTAINERS_CONF = CACHE / "containers.conf"
 EMPTY_DIRS = CACHE / "emptydir"  # the pods' emptyDir volumes (play_version), made anew for each pod
 SHM_DIRS = Path("/dev/shm") / "flask-triton-shim-k8s"  # those with medium: Memory, on the host's tmpfs
+SECRET_DIRS = CACHE / "secrets"  # the pods' secret volumes (play_version), removed with the pods
 MODEL_REPOSITORY = CACHE / "model-repository"  # what the PersistentVolumeClaim holds (play_version)
 NETWORK = "flask-triton-shim-k8s"  # this run's podman network: never one a user made
 PODMAN_PACKAGES = {"podman": "/usr/bin/podman", "catatonit": "/usr/libexec/podman/catatonit",
@@ -212,6 +214,10 @@ class Plan:
         return cls(**json.loads(PLAN_FILE.read_text()))
 
 
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def compose_images(stack: Stack) -> tuple[dict[str, str], dict[str, list[str]], dict[str, str]]:
     """What tests/compose/ci.yml does to docker-compose.yml, by image repository: the repository a service names
     in docker-compose.yml -> (the CI image, the CI command where ci.yml replaces it, the compose service)."""
@@ -307,17 +313,46 @@ def play_version(objects: list[dict[str, Any]], *, stack: Stack, network: str, s
                            "of mode 0777 made for the run, as a kubelet makes it (podman 4.3 mounts a volume that "
                            "copies the image's folder and its owner: root's /var/cache/nginx, /dev/shm); a Memory "
                            f"one under {SHM_DIRS}")
+    secrets = {o["metadata"]["name"]: o for o in of_kind(played, "Secret")}
+    for deployment in deployments:
+        for volume in pod_spec(deployment).get("volumes", []):
+            if "secret" in volume:
+                name = volume["name"]
+                path = SECRET_DIRS / f"{deployment['metadata']['name']}-{name}"
+                write_secret_volume(secrets, volume["secret"], path)
+                volume.clear()
+                volume.update({"name": name, "hostPath": {"path": str(path), "type": "Directory"}})
+                changes.append(f"{deployment['metadata']['name']}: secret volume {name} -> a folder of the Secret's "
+                               "decoded keys, as a kubelet mounts it (podman 4.3 writes them base64-encoded)")
     for claim in of_kind(played, "PersistentVolumeClaim"):
         claim["metadata"].setdefault("annotations", {}).update({
             "volume.podman.io/type": "none", "volume.podman.io/mount-options": "bind",
             "volume.podman.io/device": str(MODEL_REPOSITORY)})
         changes.append(f"PersistentVolumeClaim {claim['metadata']['name']} -> a local volume bound to "
-                       f"{MODEL_REPOSITORY.relative_to(ROOT)}: a copy of {model_repository.relative_to(ROOT)} "
+                       f"{shown(MODEL_REPOSITORY)}: a copy of {shown(model_repository)} "
                        "(tools/standin_repo.py's numpy copy of triton_repo, as in make compose-test), made for each "
                        "run, since podman chowns a volume's folder to the user of the first container that mounts it")
     plan = Plan(network=network, subnet=subnet, pod_ips=pod_ips, host_ports=host_ports, images=used_images,
                 changes=changes)
     return played, plan, sorted(set(needed))
+
+
+def write_secret_volume(secrets: dict[str, dict[str, Any]], source: dict[str, Any], path: Path) -> None:
+    """A secret volume's files as a kubelet writes them: each key decoded (or its `items` path), defaultMode."""
+    secret = secrets.get(source["secretName"])
+    if secret is None and not source.get("optional"):
+        raise StageError(f"a pod mounts Secret {source['secretName']}, which the manifests do not hold")
+    data = {k: base64.b64decode(v) for k, v in (secret or {}).get("data", {}).items()}
+    data.update({k: v.encode() for k, v in (secret or {}).get("stringData", {}).items()})
+    items = {i["key"]: (i["path"], i.get("mode")) for i in source.get("items", [])} or {k: (k, None) for k in data}
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    path.chmod(0o755)
+    for key, (relative, mode) in items.items():
+        target = path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data[key])
+        target.chmod(mode if mode is not None else source.get("defaultMode", 0o644))
 
 
 # --- broken variants: what the checks must catch -------------------------------------------------------------
@@ -391,8 +426,8 @@ def fresh_empty_dirs(deployments: list[dict[str, Any]]) -> None:
                 path.chmod(0o777)
 
 
-def remove_empty_dirs() -> None:
-    for folder in (EMPTY_DIRS, SHM_DIRS):
+def remove_empty_dirs(*, secrets: bool = True) -> None:
+    for folder in (EMPTY_DIRS, SHM_DIRS, *([SECRET_DIRS] if secrets else [])):
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -427,8 +462,9 @@ def leftovers(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
             "networks": sorted({NETWORK} & networks)}
 
 
-def remove_all(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Remove what leftovers() finds (pods with their containers and anonymous volumes); returns what it found."""
+def remove_all(objects: list[dict[str, Any]], *, secret_files: bool = True) -> dict[str, list[str]]:
+    """Remove what leftovers() finds, and the pods' folders (the secret volumes' too, unless told not to: the
+    render stage writes them, tests/k8s removes the pods before it plays them); returns what it found."""
     found = leftovers(objects)
     if found["pods"]:
         podman("pod", "rm", "--force", "--time", "0", *found["pods"], check=False, timeout=120)
@@ -436,7 +472,7 @@ def remove_all(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
                       ("networks", ("network", "rm", "--force"))):
         if found[kind]:
             podman(*cmd, *found[kind], check=False, timeout=60)
-    remove_empty_dirs()
+    remove_empty_dirs(secrets=secret_files)
     return found
 
 
@@ -540,7 +576,8 @@ def cleanup(stages: Stages, engine: Engine, objects: list[dict[str, Any]], shm_b
                 if any(after.values()):
                     raise StageError(f"could not remove {after}")
                 d.append(f"no pod, container, volume, secret or network of {NETWORK} left")
-            d.append(engine.stop())
+            if engine.process is not None:  # the podman stage stops it once the images are copied
+                d.append(engine.stop())
             d.append(release_podman_locks())
             new_shm = sorted(compose_test.shm_entries() - shm_before)
             d.append(f"/dev/shm on the host: {len(new_shm)} new entries of other processes" if new_shm

@@ -101,13 +101,14 @@ class Pods:
 
     def logs(self, target: Target, tail: int = 30) -> str:
         result = podman("logs", "--tail", str(tail), target.name, check=False, timeout=30)
-        return result.stdout.strip()
+        return (result.stdout + result.stderr).strip()  # podman logs writes the container's stderr to its own
 
     def save_logs(self, path: Path) -> None:
         with path.open("a") as out:
             for target in self.targets():
                 out.write(f"\n===== {target.label} ({target.name})\n")
-                out.write(podman("logs", "--timestamps", target.name, check=False, timeout=60).stdout)
+                result = podman("logs", "--timestamps", target.name, check=False, timeout=60)
+                out.write(result.stdout + result.stderr)
 
 
 # --- containers as they run -------------------------------------------------------------------------------

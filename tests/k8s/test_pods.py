@@ -11,25 +11,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from typing import Any
 
 import pytest
 import requests
 
-from tests.k8s.conftest import readiness_deadline_s
+from tests.k8s.conftest import check_pod, names_read
 from tests.k8s.kubelet import (
     PROBES,
     Pods,
-    Target,
     check_env_names,
     check_started_as_written,
     describe,
     expected_env,
     fail_if_not_running,
     stop_pod,
-    wait_ready,
 )
 from tests.support import encode, photo, standin_answer, wait_until
 from tools import k8s_test
@@ -45,39 +42,6 @@ def client_url(pods: Pods, path: str) -> str:
     (service,) = [s for s in of_kind(pods.played, "Service") if selects(s, deployment)]
     (port,) = service["spec"]["ports"]
     return pods.url(ENTRY, pod_port(deployment, port.get("targetPort", port["port"])), path)
-
-
-def names_read(pods: Pods, target: Target) -> set[str] | None:
-    """The env names a container's program reads, asked of the program in the container where it can say:
-    the shim's Settings (SHIM_*), and the proxy's template with its entrypoint's NGINX_ENVSUBST_* (PROXY_*).
-    Names outside the program's prefix are not judged; None: nothing to ask."""
-    env = expected_env(target.container)
-    if any(name.startswith("SHIM_") for name in env):
-        code = ("import dataclasses, json; from app.settings import PREFIX, Settings; print(json.dumps("
-                "[PREFIX + f.name.upper() for f in dataclasses.fields(Settings)] + [PREFIX + 'BACKEND']))")
-        known = set(json.loads(pods.exec(target, "python", "-c", code).stdout))
-        return known | {name for name in env if not name.startswith("SHIM_")}
-    if any(name.startswith("PROXY_") for name in env):
-        folder = '"${NGINX_ENVSUBST_TEMPLATE_DIR:-/etc/nginx/templates}"'
-        templates = pods.exec(target, "sh", "-c", f"cat {folder}/*.template")
-        used = set(re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)", templates.stdout))
-        entrypoint = {"NGINX_ENVSUBST_TEMPLATE_DIR", "NGINX_ENVSUBST_OUTPUT_DIR", "NGINX_ENVSUBST_FILTER",
-                      "NGINX_ENVSUBST_TEMPLATE_SUFFIX"}  # the official image's 20-envsubst-on-templates.sh
-        return used | entrypoint | {name for name in env if not name.startswith(("PROXY_", "NGINX_"))}
-    return None
-
-
-def check_pod(pods: Pods, deployment: str) -> dict[str, str]:
-    """Everything a kubelet would find wrong with the pod, cheapest first: every container running its command,
-    env, user and security context, env names its program reads; then its probes."""
-    for target in pods.targets(deployment):
-        def started(t: Target = target) -> bool:
-            return bool(pods.inspect(t)["State"]["Status"] != "created")
-
-        wait_until(started, 30, f"{target.label} to start")
-        check_started_as_written(pods, target)
-        check_env_names(pods, target, names_read)
-    return wait_ready(pods, [deployment], readiness_deadline_s(pods))
 
 
 def test_every_probe_as_written_succeeds_as_a_kubelet_runs_it(pods: Pods, ready: dict[str, str]) -> None:
