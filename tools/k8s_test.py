@@ -544,7 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         with stages.stage("pods") as d:
             env = {**os.environ, "K8S_PODS": "1"}
             tests = subprocess.run([sys.executable, "-m", "pytest", "tests/k8s", "-v", "-p", "no:cacheprovider",
-                                    "--tb=short", "--durations=0", "-rP"], cwd=ROOT, env=env, check=False)
+                                    "--tb=short", "--durations=0", "-rP",
+                                    # The probes' own deadlines bound each test (Triton's start: 300 s).
+                                    "-o", "timeout=900"], cwd=ROOT, env=env, check=False)
             if tests.returncode != 0:
                 raise StageError(f"pytest tests/k8s failed (exit {tests.returncode}); the pods' logs: "
                                  f"{(LOGS / 'pods.log').relative_to(ROOT)}")

@@ -19,6 +19,7 @@ it, from the manifest as rendered:
 
 from __future__ import annotations
 
+import difflib
 import http.client
 import json
 import subprocess
@@ -195,8 +196,9 @@ def check_env_names(pods: Pods, target: Target, names_read: Callable[[Pods, Targ
     if known is None:
         return
     unknown = sorted(set(expected_env(target.container)) - known)
-    assert not unknown, (f"{target.label} sets {', '.join(unknown)}, which its program does not read "
-                         f"(it reads {', '.join(sorted(known))})")
+    hints = {name: difflib.get_close_matches(name, sorted(known), n=1) for name in unknown}
+    assert not unknown, f"{target.label} sets env names its program does not read: " + ", ".join(
+        f"{name}{f' (did you mean {hint[0]}?)' if hint else ''}" for name, hint in hints.items())
 
 
 # --- probes -------------------------------------------------------------------------------------------------
