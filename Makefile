@@ -16,6 +16,7 @@ help:
 	@echo "make run     - export the model, start a local Triton (wheel, CPU) and the shim on :5000"
 	@echo "make test    - lint and run every test against a real local Triton"
 	@echo "make compose-test - build the images and run docker-compose.yml for real (docker engine, root; no GPU)"
+	@echo "make k8s-test - render deploy/k8s with kustomize and run its Deployments as pods (podman kube play, root; no GPU)"
 	@echo "make hostile-test - slow clients, floods, oversize and broken bodies, a hung Triton, through nginx (about 5 min)"
 	@echo "make triton  - only the local Triton on :8000/:8001/:8002"
 	@echo "make export  - write $(MODEL) (ARCH=resnet50|resnet18, SHIM_MODEL_WEIGHTS=file.pth) from triton_repo/resnet50/model.toml"
@@ -61,6 +62,14 @@ test: export lint promtool nginx
 .PHONY: compose-test
 compose-test: install
 	$(PY) tools/compose_test.py
+
+# deploy/k8s for real, as far as one host can: renders it with kustomize (kubectl's), builds the compose test's
+# images, plays the Deployments as pods with podman 4.3 (installed when missing) and checks them as a kubelet
+# would (tools/k8s_test.py, tests/k8s/). K8S_ARGS=--mutate=probe-path|command|env-name plays a broken manifest.
+.PHONY: k8s-test
+K8S_ARGS ?=
+k8s-test: install
+	$(PY) tools/k8s_test.py $(K8S_ARGS)
 
 # promtool (Prometheus' checker for deploy/prometheus/) is not on PyPI: it is taken out of Debian's
 # `prometheus` package, unpacked here without installing the server. Where apt is missing, the tests

@@ -137,14 +137,17 @@ class Stack:
         config = self.config()["services"]
         return [name for name in self.services() if "build" in config[name]]
 
-    def build(self) -> None:
-        self.compose("build", *self.buildable(), timeout=1200, log=LOGS / "build.log")
+    def build(self, only: list[str] | None = None) -> list[str]:
+        """Build every buildable service, or those of `only` (make k8s-test builds the images it plays)."""
+        built = [name for name in self.buildable() if only is None or name in only]
+        self.compose("build", *built, timeout=1200, log=LOGS / "build.log")
         services = self.config()["services"]
-        missing = {name: services[name].get("image", "?") for name in self.services()
+        missing = {name: services[name].get("image", "?") for name in (only or self.services())
                    if not image_exists(services[name].get("image", ""))}
         if missing:  # `up --pull never` would fail on them with less to go on
             raise StageError(f"no image for {missing}: nothing can be pulled here. Give each a local build in "
                              "tests/compose/ci.yml, or list it in NOT_IN_CI (tools/compose_test.py) with the reason")
+        return built
 
     def up(self) -> None:
         """Start and wait until every service is running, and healthy where it has a healthcheck."""
@@ -474,7 +477,8 @@ def ensure_proxy_context() -> str:
 # --- the run --------------------------------------------------------------------------------------------
 
 class Stages:
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "compose-test") -> None:
+        self.prefix = prefix  # what starts each line: make k8s-test runs these stages too
         self.started = time.monotonic()
         self.failed = False
 
@@ -483,15 +487,40 @@ class Stages:
         """Print one line for the stage: ok or FAILED, its duration and what it did."""
         detail: list[str] = []
         start = time.monotonic()
-        print(f"compose-test: {name} ...", flush=True)
+        print(f"{self.prefix}: {name} ...", flush=True)
         try:
             yield detail
         except BaseException as e:
             self.failed = True
-            print(f"\ncompose-test: {name:<12} FAILED {time.monotonic() - start:6.1f} s  "
+            print(f"\n{self.prefix}: {name:<12} FAILED {time.monotonic() - start:6.1f} s  "
                   f"{e if isinstance(e, StageError) else repr(e)}", flush=True)
             raise
-        print(f"compose-test: {name:<12} ok     {time.monotonic() - start:6.1f} s  {'; '.join(detail)}", flush=True)
+        print(f"{self.prefix}: {name:<12} ok     {time.monotonic() - start:6.1f} s  {'; '.join(detail)}", flush=True)
+
+
+def build_images(stages: Stages, engine: Engine, stack: Stack, only: list[str] | None = None) -> None:
+    """The stages from `tools` to `build`: each input found in its cache or made, then `docker compose build` of
+    every buildable service, or of those in `only` (make k8s-test builds the images its pods run)."""
+    with stages.stage("tools") as d:
+        d.append(ensure_tools())
+    with stages.stage("engine") as d:
+        d.append(engine.ensure())
+    with stages.stage("base image") as d:
+        d.append(ensure_base_image())
+    with stages.stage("stand-in") as d:
+        d.append(ensure_standin_repo())
+    with stages.stage("wheelhouses") as d:
+        d.append(ensure_wheelhouse(SHIM_WHEELHOUSE, shim_requirements()))
+        d.append(ensure_wheelhouse(TRITON_WHEELHOUSE, triton_requirements()))
+    if only is None or "prometheus" in only:
+        with stages.stage("prometheus") as d:
+            d.append(ensure_prometheus_deb())
+    if only is None or "proxy" in only:
+        with stages.stage("proxy") as d:
+            d.append(ensure_proxy_context())
+    with stages.stage("build") as d:
+        built = stack.build(only)
+        d.append(f"{', '.join(built)} (log {(LOGS / 'build.log').relative_to(ROOT)})")
 
 
 def shm_entries() -> set[str]:
@@ -513,24 +542,7 @@ def main() -> int:
     try:
         with stages.stage("ports") as d:
             d.append(check_ports())
-        with stages.stage("tools") as d:
-            d.append(ensure_tools())
-        with stages.stage("engine") as d:
-            d.append(engine.ensure())
-        with stages.stage("base image") as d:
-            d.append(ensure_base_image())
-        with stages.stage("stand-in") as d:
-            d.append(ensure_standin_repo())
-        with stages.stage("wheelhouses") as d:
-            d.append(ensure_wheelhouse(SHIM_WHEELHOUSE, shim_requirements()))
-            d.append(ensure_wheelhouse(TRITON_WHEELHOUSE, triton_requirements()))
-        with stages.stage("prometheus") as d:
-            d.append(ensure_prometheus_deb())
-        with stages.stage("proxy") as d:
-            d.append(ensure_proxy_context())
-        with stages.stage("build") as d:
-            stack.build()
-            d.append(f"{', '.join(stack.buildable())} (log {(LOGS / 'build.log').relative_to(ROOT)})")
+        build_images(stages, engine, stack)
         with stages.stage("stack") as d:
             skipped = ", ".join(f"{name} ({why})" for name, why in NOT_IN_CI.items())
             d.append(f"services {', '.join(stack.services())}; not run here: {skipped}")

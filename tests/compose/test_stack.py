@@ -15,18 +15,14 @@ import re
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 import requests
 import yaml
 
-from app.preprocess import ImageSpec, decode, to_tensor
-from app.scores import best, softmax
 from app.waiting import http_status
 from tests.hostile.clients import read_answer
-from tests.support import encode, photo, wait_until
+from tests.support import encode, photo, standin_answer, wait_until
 from tools.compose_test import COMPOSE_FILES, PROJECT, STANDIN_REPO, Stack
 
 if os.environ.get("COMPOSE_STACK") != "1":  # named on the command line, collect_ignore does not apply
@@ -41,16 +37,6 @@ TOP_K = 5
 
 def predict(data: bytes, name: str = "test.jpg") -> requests.Response:
     return requests.post(f"{SHIM}/predict", files={"image": (name, data)}, timeout=30)
-
-
-def standin_answer(data: bytes, labels: list[str]) -> list[dict[str, Any]]:
-    """What the shim must answer with the stand-in resnet50 (tools/standin_models/near_free_classifier.py):
-    logit k is the sum of the k-th of 1000 equal slices of the preprocessed input."""
-    spec = ImageSpec()
-    flat = to_tensor(decode(data, spec), spec).reshape(1, -1)
-    bounds = np.linspace(0, flat.shape[1], len(labels) + 1)[:-1].astype(np.int64)
-    probs = softmax(np.add.reduceat(flat, bounds, axis=1)[0])
-    return [{"label": labels[i], "class_id": i, "score": float(probs[i])} for i in best(probs, TOP_K)]
 
 
 def test_up_wait_reached_healthy_through_the_real_healthchecks(stack: Stack) -> None:

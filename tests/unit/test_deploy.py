@@ -485,12 +485,13 @@ def test_the_ci_dockerfiles_pass_hadolint() -> None:
 
 
 def test_the_compose_and_hostile_suites_stay_out_of_make_test() -> None:
-    """`make test` runs `pytest` on tests/ with no docker and no attack: tests/compose/ and tests/hostile/ are
-    collected only under COMPOSE_STACK=1 and HOSTILE_STACK=1 (make compose-test, make hostile-test)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COMPOSE_STACK", "HOSTILE_STACK")}
+    """`make test` runs `pytest` on tests/ with no docker and no attack: tests/compose/, tests/k8s/ and
+    tests/hostile/ are collected only under COMPOSE_STACK=1, K8S_PODS=1 and HOSTILE_STACK=1 (make compose-test,
+    make k8s-test, make hostile-test)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COMPOSE_STACK", "K8S_PODS", "HOSTILE_STACK")}
     # Without the schemathesis and hypothesis plugins: those folders use neither, and they take seconds to import.
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:schemathesis", "-p", "no:hypothesispytest",
-                             "--collect-only", "-q", "tests/compose", "tests/hostile"],
+                             "--collect-only", "-q", "tests/compose", "tests/k8s", "tests/hostile"],
                             cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=120)
     assert "test_" not in result.stdout, result.stdout
     assert result.returncode in {0, 5}, result.stdout + result.stderr  # 5: nothing collected
