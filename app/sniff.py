@@ -8,7 +8,7 @@ exactly as before, for every upload it refuses. The reasons (the metric shim_enc
     format       not a JPEG (PNG, WebP, GIF, BMP, TIFF, an MPO camera file ...): Pillow decodes it here
     jpeg_mode    a JPEG whose pixels are not RGB or grayscale (CMYK or YCCK: Pillow's own CMYK -> RGB rule)
     limits       over SHIM_MAX_IMAGE_PIXELS, or so elongated that the resize would be (the 413 comes from here)
-    unreadable   empty, or no header Pillow can read (the 400 comes from here)
+    unreadable   empty, or a header Pillow refuses (the 400, or 413 for a bomb, comes from the CPU path)
     decoder_refused  Triton's decoder refused an upload sent to it (counted by app/service.py)
 
 Reading the header costs about 20 us (Image.open reads the markers up to the first scan; nothing is decoded).

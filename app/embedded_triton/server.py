@@ -25,7 +25,9 @@ from app.waiting import WaitTimeout, wait_for_http
 
 log = logging.getLogger("embedded_triton")
 # Error lines that a Triton without GPU always prints; they hide the real cause of a failed start.
-HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream")
+HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream",
+            # nvImageCodec (resnet50_decode) names the GPU codecs it cannot load; its CPU decoder still works
+            "nvjpeg", "nvJPEG", "nvtiff", "nvTIFF")
 
 
 def default_cache_root() -> Path:
