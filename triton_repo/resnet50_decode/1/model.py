@@ -136,10 +136,11 @@ class TritonPythonModel:
 
     def transform(self, image: object):  # -> torch.Tensor [1, 3, crop, crop] float32 on self.device
         torch = self.torch
-        if self.device.type == "cuda":
+        on_device = "DEVICE" in str(getattr(image, "buffer_kind", ""))  # nvJPEG's output; host: a CPU decoder's
+        if self.device.type == "cuda" and on_device:
             hwc = torch.as_tensor(image, device=self.device)
         else:
-            hwc = torch.from_numpy(np.asarray(image))
+            hwc = torch.from_numpy(np.asarray(image.cpu() if on_device else image)).to(self.device)
         if hwc.ndim != 3 or hwc.shape[2] != 3 or hwc.dtype != torch.uint8:
             raise ValueError(f"decoded to {list(hwc.shape)} {hwc.dtype}, not H x W x 3 uint8")
         chw = hwc.permute(2, 0, 1)
