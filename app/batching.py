@@ -6,6 +6,10 @@ batch up to the backend's max batch size, make one call, and hand every request 
 answer, or its own error. A sender never dies: whatever a call raises, every request it took is
 answered and the sender goes on with the next batch.
 
+An image that carries only its upload's bytes, for a backend that takes them (the encoded transport: one
+image per Triton request, which Triton's own dynamic batcher merges), skips the queue: the request thread
+makes the call itself, with its own client, under the same metrics and error handling.
+
 A sender waits for more requests only while others are on their way (admitted into the worker but
 still decoding or preprocessing: see Upstream) and never longer than the delay: a lone request goes out
 at once, a burst leaves as one batch. Triton's dynamic batcher then merges the batches of several workers.
@@ -28,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app import metrics
-from app.backends.base import Backend
+from app.backends.base import ENCODED, Backend
 from app.errors import BackendError, BackendTimeout, BackendUnavailable
 from app.preprocess import Prepared
 
@@ -90,6 +94,8 @@ class Batcher:
 
     def submit(self, image: Prepared, request_id: str, *, timeout_s: float) -> npt.NDArray[np.float32]:
         """The logits row for this one image, within `timeout_s`; raises the request's own BackendError."""
+        if image.encoded is not None and self.backend.input_kind == ENCODED:
+            return self._direct(image, request_id)
         self._ensure_started()
         pending = _Pending(image, request_id)
         with self._cond:
@@ -103,6 +109,25 @@ class Batcher:
             pending.future.cancel()  # still queued: no sender will take it; already sent: its answer is dropped
             raise BackendTimeout(f"no answer from {self.backend.name} within {timeout_s:.3g} s",
                                  backend=self.backend.name) from None
+
+    def _direct(self, image: Prepared, request_id: str) -> npt.NDArray[np.float32]:
+        """One image, one backend call, in this thread (its client's network timeout bounds the wait)."""
+        name = self.backend.name
+        started, cpu = time.perf_counter(), time.thread_time()
+        metrics.BATCH_SIZE.labels(name).observe(1)
+        try:
+            logits = self.backend.infer([image], [request_id])
+            if len(logits) != 1:
+                raise BackendError(f"{name} returned {len(logits)} answers for 1 request")
+            row: npt.NDArray[np.float32] = logits[0]
+            return row
+        except BackendError as e:
+            e.backend = name
+            metrics.BACKEND_ERRORS.labels(name, e.code).inc()
+            raise
+        finally:
+            metrics.STAGE_SECONDS.labels("infer", name).observe(time.perf_counter() - started)
+            metrics.add_inline_send(name, time.thread_time() - cpu)
 
     def close(self) -> None:
         with self._cond:

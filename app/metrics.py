@@ -7,6 +7,7 @@ starts, so each worker writes its values there and /metrics adds them up across 
 from __future__ import annotations
 
 import os
+import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess as _multiprocess
@@ -27,7 +28,8 @@ STAGE_SECONDS = Histogram(
 CPU_SECONDS = Counter(
     "shim_cpu_seconds", "CPU time of the shim's own threads for POST /predict, by part: request (a request "
     "thread from the app's first line to its answer, the stages included), decode, preprocess, postprocess "
-    "(its stages), send (a batch sender building, sending and reading one backend call); what a worker "
+    "(its stages), send (building, sending and reading one backend call: a batch sender's, or with the encoded "
+    "transport the request thread's own, then not counted in request); what a worker "
     "spends beyond these is gunicorn's (HTTP parsing, socket writes, its thread pool)", ["part", "backend"])
 CPU_PARTS = ("request", "decode", "preprocess", "postprocess", "send")
 BATCH_SIZE = Histogram(
@@ -58,6 +60,11 @@ CANARY_PERCENT = Gauge(
 CIRCUIT_OPEN = Gauge(
     "shim_circuit_open", "1 while the circuit breaker keeps requests away from the backend",
     ["backend"], multiprocess_mode="liveall")
+ENCODED_CPU_PATH = Counter(
+    "shim_encoded_cpu_path", "Uploads that the encoded transport decoded in the shim instead of forwarding them to "
+    "Triton, by reason: format (not a JPEG), jpeg_mode (CMYK, YCCK), limits (over the pixel limits), unreadable "
+    "(the shim answers 400), decoder_refused (Triton's decoder refused it: the shim answered as the legacy app "
+    "does)", ["reason"])
 TRANSPORT = Gauge(
     "shim_transport", "1 for the transport a worker sends to Triton with (SHIM_TRANSPORT, as settled)",
     ["transport"], multiprocess_mode="liveall")
@@ -65,9 +72,11 @@ INFLIGHT = Gauge(
     "shim_inflight_requests", "POST /predict requests being handled now", multiprocess_mode="livesum")
 
 
-TRANSPORTS = ("http", "shm", "uint8", "uint8-shm")
+TRANSPORTS = ("http", "shm", "uint8", "uint8-shm", "encoded")
 FALLBACK_REASONS = ("backend_unavailable", "backend_timeout", "backend_error", "circuit_open")
 SHADOW_RESULTS = ("match", "mismatch", "error", "skipped")
+ENCODED_REASONS = ("format", "jpeg_mode", "limits", "unreadable", "decoder_refused")  # app/sniff.py
+_THREAD = threading.local()
 
 
 def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
@@ -79,12 +88,28 @@ def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
         CAPTURED.labels(result)
     for result in SHADOW_RESULTS:
         SHADOW_COMPARISONS.labels(result)
+    for reason in ENCODED_REASONS:
+        ENCODED_CPU_PATH.labels(reason)
     for backend in backends:
         for part in CPU_PARTS:
             CPU_SECONDS.labels(part, backend)
         CIRCUIT_OPEN.labels(backend).set(0)
         for code in ("backend_unavailable", "backend_timeout", "backend_error"):
             BACKEND_ERRORS.labels(backend, code)
+
+
+def add_inline_send(backend: str, seconds: float) -> None:
+    """A backend call made by a request thread itself (the encoded transport): its CPU is part `send`, and
+    take_inline_send() lets the request's own `request` figure leave it out, so that the parts still add up."""
+    CPU_SECONDS.labels("send", backend).inc(seconds)
+    _THREAD.send = getattr(_THREAD, "send", 0.0) + seconds
+
+
+def take_inline_send() -> float:
+    """CPU seconds this thread counted as `send` since the last call (and reset)."""
+    seconds: float = getattr(_THREAD, "send", 0.0)
+    _THREAD.send = 0.0
+    return seconds
 
 
 def publish_transport(transport: str) -> None:

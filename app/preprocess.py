@@ -150,15 +150,33 @@ class Prepared:
     """One image as the backends take it: its cropped pixels, and their FP32 tensor when made already.
 
     A backend that takes pixels (the uint8 transport) gets `pixels`; the others get `fp32()`, made in the
-    request thread when the decided backend wants it, else on demand (a fallback, a shadow call).
+    request thread when the decided backend wants it, else on demand (a fallback, a shadow call). With the
+    encoded transport an upload that Triton decodes itself carries its bytes as they came (`encoded`) and
+    no pixels: `uint8()` and `fp32()` decode it here only if another backend needs them (a fallback).
     """
 
-    pixels: npt.NDArray[np.uint8]
+    pixels: npt.NDArray[np.uint8] | None
     spec: ImageSpec
     tensor: npt.NDArray[np.float32] | None = None
+    encoded: bytes | None = None  # the upload's bytes, for the encoded transport (app/sniff.py decides)
+
+    def uint8(self) -> npt.NDArray[np.uint8]:
+        """The cropped pixels; decoded from `encoded` the first time they are needed, with the legacy rules
+        (raises the contract's InvalidImage / TooLarge as decode() and crop() do)."""
+        if self.pixels is None:
+            if self.encoded is None:
+                raise ValueError("a Prepared image holds neither pixels nor the upload's bytes")
+            object.__setattr__(self, "pixels", crop(decode(self.encoded, self.spec), self.spec))
+        assert self.pixels is not None
+        return self.pixels
 
     def fp32(self) -> npt.NDArray[np.float32]:
-        return self.tensor if self.tensor is not None else normalize(self.pixels, self.spec)
+        return self.tensor if self.tensor is not None else normalize(self.uint8(), self.spec)
+
+
+def forwarded(data: bytes, spec: ImageSpec) -> Prepared:
+    """An upload that Triton decodes itself (the encoded transport): its bytes as they came, no pixels yet."""
+    return Prepared(None, spec, encoded=data)
 
 
 def prepare(image: Image.Image, spec: ImageSpec, *, fp32: bool) -> Prepared:

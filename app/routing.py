@@ -24,7 +24,7 @@ from app import metrics
 from app.backends.base import Backend, Readiness
 from app.batching import Batcher
 from app.breaker import CircuitBreaker
-from app.errors import BackendError, CircuitOpen
+from app.errors import BackendError, CircuitOpen, DecodeRefused
 from app.preprocess import Prepared
 from app.rollback import AutoRollback
 from app.settings import Mode
@@ -104,6 +104,11 @@ class Router:
         """What the backend asked first takes: a request thread prepares exactly that."""
         return self._batchers[decision.backend].backend.input_kind
 
+    @property
+    def triton_kind(self) -> str:
+        """What the Triton backend takes ("encoded": uploads as they came, for shadow calls too)."""
+        return self._batchers[TRITON].backend.input_kind
+
     def infer(self, image: Prepared, ctx: RequestContext, decision: Decision) -> Routed:
         """Logits from the decided backend, or from legacy when Triton fails and fallback is on."""
         if decision.backend == LEGACY:
@@ -118,6 +123,7 @@ class Router:
                 raise
             reason = "circuit_open" if isinstance(e, CircuitOpen) else e.code
             metrics.FALLBACKS.labels(reason).inc()
+            image.fp32()  # an upload sent as it came is decoded here, in the request thread (its 400 is legacy's)
             logits = self._batchers[LEGACY].submit(image, ctx.request_id, timeout_s=self._timeout_s)
             return Routed(logits, LEGACY, fallback_reason=reason)
 
@@ -167,6 +173,9 @@ class Router:
                               f"{self.breaker.retry_in_s():.0f} s", backend=TRITON)
         try:
             logits = self._batchers[TRITON].submit(image, ctx.request_id, timeout_s=self._timeout_s)
+        except DecodeRefused:  # Triton answered: the image is at fault, not Triton
+            self.breaker.record_success()
+            raise
         except BackendError:
             self.breaker.record_failure()
             self._record_triton(ok=False, decision=decision)

@@ -16,7 +16,7 @@ from app.errors import SettingsError
 __all__ = ["Mode", "Settings", "SettingsError"]
 T = TypeVar("T")
 PREFIX = "SHIM_"
-TRANSPORTS = ("auto", "http", "shm", "uint8", "uint8-shm")  # app/backends/triton.py says what each does
+TRANSPORTS = ("auto", "http", "shm", "uint8", "uint8-shm", "encoded")  # app/backends/triton.py says what each does
 
 
 class Mode(enum.StrEnum):
@@ -39,8 +39,9 @@ class Settings:
     model_name: str = "resnet50"
     model_version: str = ""  # "" = the version Triton's policy serves (the newest, by default)
     triton_connect_timeout_s: float = 1.0
-    transport: str = "auto"  # auto | http | shm | uint8 | uint8-shm: how batches travel to Triton
+    transport: str = "auto"  # auto | http | shm | uint8 | uint8-shm | encoded: how images travel to Triton
     uint8_model: str = ""  # the ensemble that takes pixels (uint8 transports); "" = <model_name>_uint8
+    encoded_model: str = ""  # the ensemble that decodes uploads (the encoded transport); "" = <model_name>_encoded
     shm_mode: str = "0600"  # file mode of the shared memory regions; 0666 when Triton runs as another user
     triton_timeout_s: float = 10.0  # the longest a request waits for its answer (batch queue + Triton), 504 beyond
     readiness_timeout_s: float = 1.0  # /readyz answers within about this, 503 when Triton does not

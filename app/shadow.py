@@ -8,6 +8,7 @@ and a few mismatches per minute are logged with both top-k lists.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -21,7 +22,7 @@ import numpy.typing as npt
 from app import metrics
 from app.batching import Batcher
 from app.breaker import CircuitBreaker
-from app.errors import ShimError
+from app.errors import DecodeRefused, ShimError
 from app.preprocess import Prepared
 from app.scores import Scores, best, softmax
 
@@ -87,7 +88,12 @@ class ShadowRunner:
 
     def _run(self, image: Prepared, legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
         try:
-            candidate = self._batcher.submit(image, f"{request_id}-shadow", timeout_s=self._timeout_s)
+            try:
+                candidate = self._batcher.submit(image, f"{request_id}-shadow", timeout_s=self._timeout_s)
+            except DecodeRefused:  # the encoded transport would decode it in the shim: compare that answer
+                metrics.ENCODED_CPU_PATH.labels("decoder_refused").inc()
+                candidate = self._batcher.submit(dataclasses.replace(image, encoded=None), f"{request_id}-shadow",
+                                                 timeout_s=self._timeout_s)
         except ShimError as e:
             self._breaker.record_failure()
             metrics.SHADOW_COMPARISONS.labels("error").inc()

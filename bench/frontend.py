@@ -12,6 +12,11 @@ makes the model near-free here too and measures, one row after the other, with t
                 (SHIM_TRANSPORT=t in the shim's environment; bench.run.TRANSPORTS, or --transports)
   direct        ready-made FP32 tensors straight to the same Triton: its cost without any front end
 
+Each shim row is measured twice, one window after the other: by the Python load generator, then by wrk (C,
+bench/wrk.py) with the same bodies, so that a row's figure is known to be the shim's, not the harness's
+(--no-wrk skips it). The `encoded` row's Triton decodes and resizes on the CPU here (resnet50_decode's CPU
+copy): read its shim CPU per image, and the GPU-host estimate made from it (bench/frontcheck.py).
+
 The near-free model: tools/standin_repo.write_standin_repo() writes a copy of triton_repo into the run's
 own folder (never triton_repo/) whose resnet50 and normalize are numpy python-backend stand-ins with the
 exact interfaces (input__0 FP32 [3,224,224] -> output__0 FP32 [1000], max batch 32; logit k = the sum of
@@ -39,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import cpu, floor, stack
+from bench import cpu, floor, frontcheck, stack, wrk
 from bench import profile as pyspy
 from bench.loadgen import LoadGenerator
 from bench.report import cpu_columns, cpu_split, front_markdown, front_ratios, summarize
@@ -184,6 +189,8 @@ class FrontRun:
             self.run.stopper = stopper
         self.rows = self.run.rows
         self.configurations = self.run.configurations
+        self.wrk: str | None = None  # the binary, when the shim rows are cross-checked
+        self.wrk_script: Path | None = None
 
     def close(self) -> None:
         self.run.close()
@@ -204,6 +211,14 @@ class FrontRun:
                                                         if v is not None)
                   + f"; rest of the machine {machine.get('other_cpu_ms_per_image') or 0:.2f}, "
                     f"idle {machine.get('idle_pct') or 0:.0f} %", flush=True)
+            if kind == "shim" and self.wrk and self.wrk_script:
+                checked = wrk.measure(self.wrk, self.wrk_script, url, concurrency, self.args.duration,
+                                      {k: v for k, v in watch.items() if k in ("shim", "triton")})
+                row["wrk"] = checked
+                print(f"    wrk, the same shim: {checked['qps']:.1f} images/s, shim CPU "
+                      f"{checked['cpu_ms_per_image'].get('shim') or 0:.2f} ms per image, Triton "
+                      f"{checked['cpu_ms_per_image'].get('triton') or 0:.2f}; {checked['non_2xx']} non-2xx, "
+                      f"{checked['socket_errors']} socket errors", flush=True)
             split = cpu_split(row) if kind == "shim" else None
             if split:
                 print("    the shim's CPU ms per image: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()),
@@ -278,7 +293,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
     (out / "logs").mkdir(parents=True, exist_ok=True)
     usable = len(os.sched_getaffinity(0))
     processes = args.floor_processes or usable
-    rows_planned = 2 + len(args.transports) + 1 + bool(args.profile)  # floor, legacy, shims, direct
+    rows_planned = 2 + 2 * len(args.transports) + 1 + bool(args.profile)  # floor, legacy, shims (+ wrk), direct
     print(f"front-end benchmark: floor ({processes} processes), legacy front, shim x {', '.join(args.transports)}, "
           f"direct{', profile' if args.profile else ''}; clients {args.levels}, {args.warmup:g} s + "
           f"{args.duration:g} s per row: {rows_planned} rows, about "
@@ -287,7 +302,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
 
     from tools.standin_repo import write_standin_repo
 
-    repo = write_standin_repo(out / "standin_repo")
+    repo = write_standin_repo(out / "standin_repo", keep_torch_models="encoded" in args.transports)
     input_name, dims, output_name, classes = model_interface(repo)
     labels = repo / MODEL / "labels.txt"
     model_pt = near_free_torchscript(out / "models" / "near_free_classifier.pt", dims, classes)
@@ -297,8 +312,18 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
     work = Path(tempfile.mkdtemp(prefix="shim-bench-front-"))
     machine = stack.machine_info()
     profile: dict[str, Any] | None = None
+    wrk_note = None
     with LoadGenerator(args.loadgen_processes) as loadgen:
         front = FrontRun(args, out, loadgen, stopper)
+        if not args.no_wrk:
+            front.wrk = wrk.find_or_install()
+            if front.wrk:
+                front.wrk_script = wrk.lua_script(out / "wrk", front.run.jpegs)
+            else:
+                wrk_note = "wrk is not installed (and could not be: needs apt-get as root): no cross-check."
+                print(f"note: {wrk_note}", flush=True)
+        else:
+            wrk_note = "--no-wrk: no cross-check."
         try:
             front.measure_floor(processes)
             with legacy_front(out, model_pt, labels, args.legacy_workers, args.legacy_threads,
@@ -378,6 +403,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
         "triton_configs": front.run.triton_configs,
         "results": front.rows,
         "ratios": front_ratios(front.rows),
+        "encoded_checks": frontcheck.encoded_checks(front.rows),
+        "crosscheck_lines": frontcheck.lines(front.rows, usable, wrk_note),
         "profile": profile,
         "notes": notes,
     }

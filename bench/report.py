@@ -459,6 +459,7 @@ def front_markdown(report: dict[str, Any]) -> str:
         *[f"- {c['label']}: {c['description']}" for c in report["configurations"]],
         "",
         *cpu_split_lines(rows),
+        *report.get("crosscheck_lines", []),  # bench/frontcheck.py: wrk, CPU per image, GPU-host estimates
         "## Targets",
         "",
         "```",

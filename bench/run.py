@@ -120,6 +120,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                        help="then py-spy on one shim worker of the best transport over one more window (needs py-spy)")
     front.add_argument("--floor-processes", type=int, help="processes of the floor row (default: usable cores)")
     front.add_argument("--legacy-workers", type=int, default=2, help="the legacy front's gunicorn workers (default 2)")
+    front.add_argument("--no-wrk", action="store_true",
+                       help="skip the cross-check of each shim row with wrk (Debian's C load generator; installed "
+                            "with apt-get when missing and running as root)")
     args = p.parse_args(argv)
     args.shim_workers = args.shim_workers or stack.shim_default("workers")
     args.shim_threads = args.shim_threads or stack.shim_default("threads")

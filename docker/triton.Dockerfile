@@ -1,5 +1,9 @@
 # Triton for docker-compose.yml and deploy/k8s: NVIDIA's image plus Pillow for the `preprocess` model
-# (triton_repo/preprocess/1/model.py; numpy is already in the image, torch is not needed).
+# (triton_repo/preprocess/1/model.py; numpy is already in the image), and for `resnet50_decode` (the encoded
+# transport: triton_repo/resnet50_decode/1/model.py) nvImageCodec with nvJPEG and torch + torchvision, all
+# built for CUDA 12 as the image is (24.10: CUDA 12.6; torch 2.5.1's PyPI wheels are CUDA 12.4 builds, which
+# run on its driver). torch adds about 2.5 GB; an image that never serves the encoded transport can drop
+# those three lines and resnet50_decode / resnet50_encoded from its repository.
 #
 # 24.10 is the NGC release of Triton 2.51.0, the server that nvidia-pytriton 0.7.0 ships and that
 # `make test` runs against (tests/test_deploy.py checks that the two stay in step). Its libtorch backend
@@ -21,6 +25,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 ARG WHEELHOUSE=
 COPY ${WHEELHOUSE:-wheelhouse/README.md} /tmp/wheelhouse/
 RUN python3 -m pip install --no-cache-dir ${WHEELHOUSE:+--no-index --find-links /tmp/wheelhouse} "pillow==11.0.0" \
+        "nvidia-nvimgcodec-cu12[nvjpeg]==0.9.0.20" "torch==2.5.1" "torchvision==0.20.1" \
  && rm -rf /tmp/wheelhouse
 # The image's own non-root user: Triton's build creates `triton-server` with uid and gid 1000 for this.
 USER 1000:1000

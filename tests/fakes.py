@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.backends.base import FP32, Readiness
-from app.errors import BackendError, BackendUnavailable
+from app.backends.base import ENCODED, FP32, Readiness
+from app.errors import BackendError, BackendUnavailable, DecodeRefused
 from app.preprocess import ImageSpec, Prepared
 
 POISON = -7.0  # an image whose first value is POISON makes the fake fail the batch it is in
@@ -74,6 +74,53 @@ class EchoBackend:
 
     def close(self) -> None:
         self.hang.clear()
+
+
+class EncodedEcho(EchoBackend):
+    """A backend of the encoded transport's kind: it takes uploads as their bytes (one per call) and other
+    images as FP32 tensors. An upload's logits hold its length in class 1 (tensors: EchoBackend's answer);
+    uploads that Pillow cannot decode whole (a truncated JPEG), and those in `refuse`, get DecodeRefused, as
+    Triton's decoder answers a file it cannot read."""
+
+    def __init__(self, name: str = "triton") -> None:
+        super().__init__(name)
+        self.uploads: list[bytes] = []
+        self.tensors = 0
+        self.refuse: set[bytes] = set()
+
+    @property
+    def input_kind(self) -> str:
+        return ENCODED
+
+    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> np.ndarray:
+        rows = []
+        for one, request_id in zip(images, request_ids, strict=True):
+            if one.encoded is None:
+                self.tensors += 1
+                rows.append(super().infer([one], [request_id])[0])
+                continue
+            if self.down:
+                raise BackendUnavailable(f"{self.name} is down", backend=self.name)
+            self.uploads.append(one.encoded)
+            if one.encoded in self.refuse or not _decodes(one.encoded):
+                raise DecodeRefused("[decode_refused] the decoder cannot read this image")
+            row = np.zeros(CLASSES, dtype=np.float32)
+            row[1] = len(one.encoded)
+            rows.append(row)
+        return np.stack(rows)
+
+
+def _decodes(data: bytes) -> bool:
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as picture:
+            picture.load()
+    except (OSError, ValueError, SyntaxError):
+        return False
+    return True
 
 
 def image(value: float) -> Prepared:

@@ -20,15 +20,19 @@ class Readiness:
 
 
 FP32, UINT8 = "fp32", "uint8"
+ENCODED = "encoded"  # the upload's own bytes, one image per call (the encoded transport)
 
 
 class Backend(Protocol):
     """Turns a batch of preprocessed images into logits [N, classes] FP32.
 
     Each image comes as its cropped pixels and, when the request thread made it, its normalised FP32
-    tensor (app.preprocess.Prepared): a backend takes what it sends, `fp32()` or `pixels`. `input_kind`
-    ("fp32" or "uint8") tells request threads which to prepare. infer() raises app.errors.BackendError
-    subclasses only. It may be called from several threads of one process at once; an implementation
+    tensor (app.preprocess.Prepared): a backend takes what it sends, `fp32()` or `uint8()`. `input_kind`
+    ("fp32", "uint8" or "encoded") tells request threads which to prepare; a backend whose kind is "encoded"
+    is also handed images that carry only their upload's bytes (`encoded`), one per call, by the request
+    thread itself (app/batching.py), and takes the others as FP32 tensors. infer() raises
+    app.errors.BackendError subclasses only, and DecodeRefused for an upload its decoder refuses. It may be
+    called from several threads of one process at once; an implementation
     keeps whatever is not thread-safe per thread.
     """
 

@@ -6,6 +6,10 @@ Transports (SHIM_TRANSPORT), what a request sends and how:
     uint8      the cropped pixels [N, 224, 224, 3] UINT8 (4x fewer bytes) to the ensemble that
                normalises them in Triton (resnet50_uint8 = normalize -> resnet50)
     uint8-shm  the pixels through shared memory
+    encoded    (opt-in, never chosen by auto) the upload's bytes as they came, UINT8 [1, n], one image per
+               request from the request thread, to the ensemble that decodes, resizes, crops and normalises
+               them in Triton (resnet50_encoded = resnet50_decode -> resnet50); an upload app/sniff.py keeps
+               in the shim goes as FP32 tensors over HTTP to the model, like `http`
     auto       (the default) pixels when Triton normalises on a GPU (the ensemble's normalize step is
                KIND_GPU), tensors otherwise; shared memory when Triton can map this host's /dev/shm
                (a registration of a probe region succeeds), HTTP otherwise
@@ -39,8 +43,8 @@ from tritonclient.utils import InferenceServerException
 
 from app import metrics
 from app.backends import shm
-from app.backends.base import FP32, UINT8, Readiness
-from app.errors import BackendError, BackendTimeout, BackendUnavailable, ModelMismatch
+from app.backends.base import ENCODED, FP32, UINT8, Readiness
+from app.errors import BackendError, BackendTimeout, BackendUnavailable, DecodeRefused, ModelMismatch
 from app.preprocess import Prepared
 from app.settings import TRANSPORTS
 
@@ -52,6 +56,8 @@ UNAVAILABLE_MARKERS = ("unknown model", "not ready", "no available versions", "n
 SPEC_RECHECK_S = 5.0  # readiness re-reads the model's metadata at most this often (a reload may change it)
 NUMPY = {FP32: np.float32, UINT8: np.uint8}
 TRITON_DTYPE = {FP32: "FP32", UINT8: "UINT8"}
+# What triton_repo/<model>_decode/1/model.py puts in the error of an upload its decoder refuses.
+REFUSED_MARKER = "[decode_refused]"
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,26 @@ def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Se
                             backend=NAME)
     max_batch = int(config.get("max_batch_size", 0)) or (in_shape[0] if in_shape[0] > 0 else 1)
     return ModelSpec(inp["name"], out["name"], max_batch, tuple(meta.get("versions", [])))
+
+
+def check_encoded_model(meta: dict[str, Any], config: dict[str, Any], *, classes: int, where: str) -> ModelSpec:
+    """The encoded transport's ensemble: one UINT8 [-1, -1] input (a batch of byte strings; the shim sends one
+    of n bytes) and one FP32 [-1, classes] output."""
+    want = "UINT8 [-1, -1] (one upload's bytes per request)"
+    if len(meta.get("inputs", [])) != 1 or len(meta.get("outputs", [])) != 1:
+        raise ModelMismatch(f"{where} has {len(meta.get('inputs', []))} inputs and {len(meta.get('outputs', []))} "
+                            f"outputs; the encoded transport needs one input ({want}) and one logits output",
+                            backend=NAME)
+    (inp,), (out,) = meta["inputs"], meta["outputs"]
+    if inp["datatype"] != "UINT8" or list(inp["shape"]) != [-1, -1]:
+        raise ModelMismatch(f"{where} input '{inp['name']}' is {inp['datatype']} {list(inp['shape'])}; the encoded "
+                            f"transport sends {want}", backend=NAME)
+    out_shape = list(out["shape"])
+    if out["datatype"] != "FP32" or len(out_shape) != 2 or out_shape[1] != classes:
+        raise ModelMismatch(f"{where} output '{out['name']}' is {out['datatype']} {out_shape}; the shim expects "
+                            f"FP32 [-1, {classes}] (one score per label in its labels file)", backend=NAME)
+    return ModelSpec(inp["name"], out["name"], int(config.get("max_batch_size", 0)) or 1,
+                     tuple(meta.get("versions", [])))
 
 
 class _Clients:
@@ -159,12 +185,13 @@ class TritonBackend:
     def __init__(self, *, url: str, model: str, version: str, connect_timeout_s: float, network_timeout_s: float,
                  readiness_timeout_s: float, image_shape: Sequence[int], classes: int, max_batch_size: int,
                  transport: str = "http", uint8_model: str = "", shm_mode: int = 0o600,
-                 parameters: Mapping[str, str] | None = None) -> None:
+                 parameters: Mapping[str, str] | None = None, encoded_model: str = "") -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.url, self.model, self.version = url, model, version
         self.uint8_model = uint8_model or f"{model}_uint8"
         self._parameters = dict(parameters or {})  # the description's preprocessing, as its configs carry it
+        self.encoded_model = encoded_model or f"{model}_encoded"
         self._crop = int(image_shape[-1])
         self._classes, self._max_batch = classes, max_batch_size
         self._wanted = transport
@@ -174,7 +201,8 @@ class TritonBackend:
                                 network_timeout_s=readiness_timeout_s)
         self._route: Route | None = None
         self._route_lock = threading.Lock()
-        self._spec: ModelSpec | None = None
+        self._spec: ModelSpec | None = None  # the model that takes tensors (the encoded ensemble's: below)
+        self._encoded_spec: ModelSpec | None = None
         self._spec_checked = 0.0
         self._mismatch_logged = False
         self._local = threading.local()  # a sender thread's shared memory regions
@@ -195,7 +223,7 @@ class TritonBackend:
         """What a request thread should prepare: the settled route's, or the wanted transport's until then."""
         if self._route is not None:
             return self._route.kind
-        return UINT8 if self._wanted.startswith("uint8") else FP32
+        return UINT8 if self._wanted.startswith("uint8") else ENCODED if self._wanted == ENCODED else FP32
 
     @property
     def transport(self) -> str:
@@ -220,6 +248,8 @@ class TritonBackend:
 
     def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
         route = self._settle(self._clients)
+        if route.kind == ENCODED:
+            return self._infer_encoded(route, images, request_ids)
         spec = self._spec or self._fetch_spec(self._clients, route)
         # Every request ID of the batch (at most 32 x 128 characters): Triton's logs and answer carry them.
         request_id = ",".join(request_ids)
@@ -273,6 +303,10 @@ class TritonBackend:
         """Settle the transport; raises (and settles nothing) while Triton does not answer."""
         self._call(clients, lambda c: c.is_server_live())
         wanted = self._wanted
+        if wanted == ENCODED:
+            return Route(transport=ENCODED, model=self.encoded_model, kind=ENCODED, shm=False,
+                         why=f"SHIM_TRANSPORT=encoded: JPEG uploads as they came to {self.encoded_model}, which "
+                             f"decodes them; other images as FP32 tensors over HTTP to {self.model}")
         if wanted == "auto":
             pixels, why_kind = self._normalises_on_gpu(clients)
             shared, why_channel = self._shm_works(clients)
@@ -333,6 +367,52 @@ class TritonBackend:
             return self._route if self._route is not None else route
 
     # -- sending ----------------------------------------------------------------------------------------------
+
+    def _tensor_route(self, route: Route) -> Route:
+        """Where the encoded transport sends the images it decoded in the shim: FP32 over HTTP to the model."""
+        return Route(transport="http", model=self.model, kind=FP32, shm=False, why=route.why)
+
+    def _infer_encoded(self, route: Route, images: Sequence[Prepared],
+                       request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Uploads that carry their bytes, one Triton request each; the others as one FP32 batch."""
+        tensor_route = self._tensor_route(route)
+        rows: list[npt.NDArray[np.float32] | None] = [None] * len(images)
+        decoded = [i for i, image in enumerate(images) if image.encoded is None]
+        if decoded:
+            spec = self._spec or self._fetch_spec(self._clients, route)
+            logits = self._infer_http(tensor_route, spec, _stack([images[i] for i in decoded], FP32),
+                                      ",".join(request_ids[i] for i in decoded))
+            for i, row in zip(decoded, logits, strict=True):
+                rows[i] = row
+        for i, image in enumerate(images):
+            if image.encoded is not None:
+                rows[i] = self._send_encoded(route, image.encoded, request_ids[i])
+        return np.stack([row for row in rows if row is not None])
+
+    def _send_encoded(self, route: Route, data: bytes, request_id: str) -> npt.NDArray[np.float32]:
+        spec = self._encoded_spec
+        if spec is None:
+            self._fetch_spec(self._clients, route)
+            spec = self._encoded_spec
+            assert spec is not None
+        tensor = httpclient.InferInput(spec.input_name, [1, len(data)], "UINT8")
+        tensor.set_data_from_numpy(np.frombuffer(data, dtype=np.uint8).reshape(1, -1), binary_data=True)
+        wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
+
+        def send(client: httpclient.InferenceServerClient) -> Any:
+            try:
+                return client.infer(route.model, [tensor], model_version=self.version, outputs=[wanted],
+                                    request_id=request_id)
+            except InferenceServerException as e:  # the decoder's refusal is the image's, not Triton's failure
+                text = str(e.message() or e)
+                if REFUSED_MARKER in text:
+                    raise DecodeRefused(f"the uploaded file is not an image Triton's decoder reads ({text})") from e
+                raise
+
+        result = self._call(self._clients, send)
+        self._log_answer(result, 1)
+        row: npt.NDArray[np.float32] = self._checked(result.as_numpy(spec.output_name), 1, route)[0]
+        return row
 
     def _infer_http(self, route: Route, spec: ModelSpec, batch: npt.NDArray[Any],
                     request_id: str) -> npt.NDArray[np.float32]:
@@ -446,6 +526,20 @@ class TritonBackend:
                       extra={"triton_request_id": result.get_response().get("id", "")})
 
     def _fetch_spec(self, clients: _Clients, route: Route) -> ModelSpec:
+        """The metadata of the model the route sends to, checked; for the encoded transport the ensemble's,
+        then the model's that takes its tensors (the returned spec, as for the other routes)."""
+        if route.kind == ENCODED:
+            meta = self._call(clients, lambda c: c.get_model_metadata(route.model, self.version))
+            config = self._call(clients, lambda c: c.get_model_config(route.model, self.version))
+            try:
+                self._encoded_spec = check_encoded_model(meta, config, classes=self._classes, where=self._where(route))
+            except ModelMismatch as e:
+                self._encoded_spec = None
+                if not self._mismatch_logged:
+                    log.error("%s", e.message)
+                    self._mismatch_logged = True
+                raise
+            route = self._tensor_route(route)
         meta = self._call(clients, lambda c: c.get_model_metadata(route.model, self.version))
         config = self._call(clients, lambda c: c.get_model_config(route.model, self.version))
         try:
@@ -505,7 +599,7 @@ def _about_shm(error: BackendError) -> bool:
 
 def _stack(images: Sequence[Prepared], kind: str, out: npt.NDArray[Any] | None = None) -> npt.NDArray[Any]:
     """The batch a route sends: the images' pixels (UINT8, HWC) or their FP32 tensors (CHW)."""
-    arrays = [image.pixels for image in images] if kind == UINT8 else [image.fp32() for image in images]
+    arrays = [image.uint8() for image in images] if kind == UINT8 else [image.fp32() for image in images]
     return np.stack(arrays, out=out)
 
 

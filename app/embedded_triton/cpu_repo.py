@@ -9,6 +9,9 @@ and every config field, except that:
     that its instances do not oversubscribe the CPU.
 Files are linked, not copied; configs are read and written as ModelConfig protobuf messages.
 The copy lives outside the source repository, which is never written to.
+
+With gpu=True (a host with a GPU: bench/device_check.sh) the instance kinds and accelerators are kept, and
+the stand-in runs its TorchScript on the instance's GPU; only the libtorch models change backend.
 """
 
 from __future__ import annotations
@@ -53,14 +56,14 @@ def is_libtorch(config: mc.ModelConfig) -> bool:
     return config.platform in LIBTORCH_PLATFORMS or config.backend in LIBTORCH_BACKENDS
 
 
-def cpu_config(config: mc.ModelConfig, cpus: int) -> mc.ModelConfig:
+def cpu_config(config: mc.ModelConfig, cpus: int, gpu: bool = False) -> mc.ModelConfig:
     out = mc.ModelConfig()
     out.CopyFrom(config)
-    for group in out.instance_group:
+    for group in [] if gpu else out.instance_group:
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
             group.kind = mc.ModelInstanceGroup.KIND_CPU
             del group.gpus[:]
-    if out.optimization.HasField("execution_accelerators"):  # reading a field would create it
+    if not gpu and out.optimization.HasField("execution_accelerators"):  # reading a field would create it
         out.optimization.execution_accelerators.ClearField("gpu_execution_accelerator")
     if is_libtorch(config):
         out.platform = ""
@@ -75,13 +78,13 @@ def cpu_config(config: mc.ModelConfig, cpus: int) -> mc.ModelConfig:
     return out
 
 
-def plan_model(model_dir: Path, cpus: int) -> dict[Path, Entry]:
+def plan_model(model_dir: Path, cpus: int, gpu: bool = False) -> dict[Path, Entry]:
     """Every path of one model's CPU copy, relative to the model folder."""
     config_path = model_dir / "config.pbtxt"
     config = read_config(config_path)
     libtorch = is_libtorch(config)
     header = GENERATED_HEADER.format(source=config_path)
-    entries = {Path("config.pbtxt"): Entry(data=(header + text_format.MessageToString(cpu_config(config, cpus)))
+    entries = {Path("config.pbtxt"): Entry(data=(header + text_format.MessageToString(cpu_config(config, cpus, gpu)))
                                            .encode())}
     for path in sorted(model_dir.rglob("*")):
         rel = path.relative_to(model_dir)
@@ -127,7 +130,7 @@ def model_dirs(source: Path) -> dict[str, Path]:
     return {p.name: p for p in sorted(source.iterdir()) if (p / "config.pbtxt").is_file()}
 
 
-def sync_cpu_repo(source: Path, target: Path, cpus: int | None = None) -> list[str]:
+def sync_cpu_repo(source: Path, target: Path, cpus: int | None = None, gpu: bool = False) -> list[str]:
     """Bring `target` in line with `source`; return the names of the models that changed.
 
     A model whose copy differs is rebuilt in a staging folder and swapped in whole, so Triton never
@@ -146,7 +149,7 @@ def sync_cpu_repo(source: Path, target: Path, cpus: int | None = None) -> list[s
     wanted = model_dirs(source)
     changed = []
     for name, model_dir in wanted.items():
-        plan = plan_model(model_dir, cpus)
+        plan = plan_model(model_dir, cpus, gpu)
         current = target / name
         if current.is_dir() and read_existing(current) == plan:
             continue

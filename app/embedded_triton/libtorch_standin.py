@@ -4,7 +4,8 @@ The embedded server copies this file as `model.py` into each version folder of a
 its CPU copy of the repository, next to a link to the same TorchScript file. It keeps the libtorch
 backend's contract: inputs fed to forward() in `input__<i>` order, outputs taken from the result in
 `output__<i>` order, one forward() per batch that the dynamic batcher merged, and the thread count
-from the INTRA_OP_THREAD_COUNT parameter, as the libtorch backend reads it.
+from the INTRA_OP_THREAD_COUNT parameter, as the libtorch backend reads it. A KIND_GPU instance (a copy
+made with gpu=True, on a host with a GPU) runs the model on its GPU, inputs and outputs through host memory.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ class TritonPythonModel:
 
         filename = params.get("SOURCE_MODEL_FILENAME", "model.pt")
         path = os.path.join(args["model_repository"], args["model_version"], filename)
-        self.model = torch.jit.load(path, map_location="cpu").eval()
+        gpu = args.get("model_instance_kind") == "GPU" and torch.cuda.is_available()
+        device_id = int(args.get("model_instance_device_id", "0"))
+        self.device = torch.device("cuda", device_id) if gpu else torch.device("cpu")
+        self.model = torch.jit.load(path, map_location=self.device).eval()
         self.inputs = [t["name"] for t in _by_libtorch_index(config["input"])]
         self.outputs = [(t["name"], pb_utils.triton_string_to_numpy(t["data_type"]))
                         for t in _by_libtorch_index(config["output"])]
@@ -70,8 +74,8 @@ class TritonPythonModel:
 
     def _forward(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         with torch.inference_mode():
-            result = self.model(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+            result = self.model(*[torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for a in inputs])
         results = result if isinstance(result, (tuple, list)) else (result,)
         if len(results) < len(self.outputs):
             raise RuntimeError(f"model returned {len(results)} outputs, config names {len(self.outputs)}")
-        return [r.numpy() for r in results[:len(self.outputs)]]
+        return [r.cpu().numpy() for r in results[:len(self.outputs)]]

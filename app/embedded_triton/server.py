@@ -25,7 +25,9 @@ from app.waiting import WaitTimeout, wait_for_http
 
 log = logging.getLogger("embedded_triton")
 # Error lines that a Triton without GPU always prints; they hide the real cause of a failed start.
-HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream")
+HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream",
+            # nvImageCodec (resnet50_decode) names the GPU codecs it cannot load; its CPU decoder still works
+            "nvjpeg", "nvJPEG", "nvtiff", "nvTIFF")
 
 
 def default_cache_root() -> Path:
@@ -49,6 +51,7 @@ class EmbeddedTritonConfig:
     log_verbose: int = 0
     echo_log: bool = False  # also write Triton's log to stderr (the CLI does)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    gpu: bool = False  # keep KIND_GPU instances (a host with a GPU); by default every instance runs on the CPU
 
     def __post_init__(self) -> None:
         ports = [self.http_port, self.grpc_port, self.metrics_port]
@@ -122,7 +125,7 @@ class EmbeddedTriton:
             f"--grpc-address={c.host}", f"--grpc-port={c.grpc_port}",
             f"--metrics-address={c.host}", f"--metrics-port={c.metrics_port}",
             "--allow-gpu-metrics=false",
-            "--pinned-memory-pool-byte-size=0",
+            *([] if c.gpu else ["--pinned-memory-pool-byte-size=0"]),
             f"--exit-timeout-secs={c.exit_timeout_s}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             f"--model-control-mode={c.model_control_mode}",
@@ -143,7 +146,7 @@ class EmbeddedTriton:
                 raise EmbeddedTritonError(f"{name} port {c.host}:{port} is busy (is `make run` or another Triton "
                                           "already running?); stop it or choose other ports")
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        changed = sync_cpu_repo(c.model_repository, self.cpu_repo)
+        changed = sync_cpu_repo(c.model_repository, self.cpu_repo, gpu=c.gpu)
         log.info("CPU copy of %s at %s (%s)", c.model_repository, self.cpu_repo,
                  f"regenerated: {', '.join(changed)}" if changed else "up to date")
 
@@ -226,7 +229,7 @@ class EmbeddedTriton:
     def _follow_repository(self) -> None:
         while not self._stop.wait(self.config.sync_interval_s):
             try:
-                changed = sync_cpu_repo(self.config.model_repository, self.cpu_repo)
+                changed = sync_cpu_repo(self.config.model_repository, self.cpu_repo, gpu=self.config.gpu)
             except (EmbeddedTritonError, OSError) as e:  # a half-edited config: report and keep serving
                 log.warning("CPU copy not updated: %s", e)
                 continue

@@ -1,7 +1,9 @@
 """Every image through the legacy path and the Triton path: two ways to get the answers, one runner.
 
     InProcess   the shim's own LegacyBackend and TritonBackend in this process, one image per call
-                (batch size 1: a latency is one image's, never a batch's share); full logits
+                (batch size 1: a latency is one image's, never a batch's share); full logits. With
+                --transport encoded, Triton gets each upload's bytes as the shim would forward them
+                (app/sniff.py), and decodes them itself
     ThroughShim a running shim that honours X-Shim-Backend (SHIM_OVERRIDE_HEADER=true): each image is POSTed
                 to /predict twice as the legacy contract's multipart upload; the contract's top-k
 
@@ -15,6 +17,7 @@ stops with `Unusable` (exit 2) before any image is counted.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.client
 import importlib
@@ -35,14 +38,16 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from app.backends.base import ENCODED
 from app.contract import IMAGE_FIELD, Prediction
 from app.description import resolve
-from app.errors import ShimError
+from app.errors import DecodeRefused, ShimError
 from app.preprocess import ImageSpec, Prepared, decode, prepare
 from app.report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits, from_top_k
 from app.scores import SCORE_FUNCTIONS, softmax
 from app.service import top_k
 from app.settings import Settings, SettingsError
+from app.sniff import cpu_reason
 
 BACKEND_HEADER = "X-Shim-Backend"  # app/api.py: on requests the override, on answers who answered
 # The contract's refusals of an input: the same answer from both backends makes the file a skipped input.
@@ -210,7 +215,7 @@ class InProcess:
             connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
             readiness_timeout_s=settings.readiness_timeout_s, image_shape=self.spec.shape, classes=description.classes,
             max_batch_size=1, transport=settings.transport, uint8_model=settings.uint8_model or description.uint8_model,
-            shm_mode=settings.shm_mode_bits, parameters=description.parameters())
+            encoded_model=settings.encoded_model, shm_mode=settings.shm_mode_bits, parameters=description.parameters())
         self._triton_info = ""
 
     def check(self) -> None:
@@ -229,9 +234,15 @@ class InProcess:
 
     def ask(self, backend: str, image: Loaded) -> Reply:
         chosen = self.legacy if backend == LEGACY else self.triton
+        prepared = image.prepared
+        if backend == TRITON and self.triton.input_kind == ENCODED and cpu_reason(image.data, self.spec) is None:
+            prepared = dataclasses.replace(prepared, encoded=image.data)  # sent as it came, as the shim sends it
         started = time.perf_counter()
         try:
-            logits = chosen.infer([image.prepared], [f"report-{image.index}-{backend}"])
+            try:
+                logits = chosen.infer([prepared], [f"report-{image.index}-{backend}"])
+            except DecodeRefused:  # the shim decodes such an upload itself: so does the report
+                logits = chosen.infer([image.prepared], [f"report-{image.index}-{backend}"])
         except ShimError as e:  # the backends raise nothing else
             return Reply(Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"))
         seconds = time.perf_counter() - started

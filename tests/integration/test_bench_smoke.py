@@ -30,7 +30,8 @@ from tests.support import ROOT
 
 # One of the shim's transports, the one `auto` settles on here. The benchmark's code is the same for every
 # transport (one setting in the shim's environment); tests/integration/test_transports.py covers each of them.
-TRANSPORTS = ("shm",)
+# And `encoded` (Triton decodes the uploads): its row, wrk's cross-check and its target line are issue 19's.
+TRANSPORTS = ("shm", "encoded")
 CLIENTS = 8
 Run = tuple[Path, dict[str, Any], float]
 
@@ -140,6 +141,9 @@ def test_front_end_cpu_comes_from_the_process_trees(quick_run: Run) -> None:
     for t in transports:  # the split by the shim's own counters: one thread's clock holds its stages
         split = cpu_split(rows[f"shim-{t}"])
         assert split is not None, rows[f"shim-{t}"]["breakdown"]
+        if t == "encoded":  # the uploads went to Triton as they came: nothing decoded in the shim
+            assert split["decode"] == 0 and split["preprocess"] == 0 and split["batch senders"] > 0, (t, split)
+            continue
         assert split["decode"] > 0 and split["preprocess"] > 0 and split["batch senders"] > 0, (t, split)
         # Requests that straddle the window's edges count stages without their request or the reverse; a
         # request clock that missed its stages would be short by all of decode + preprocess.
@@ -163,4 +167,25 @@ def test_front_end_report_parses(quick_run: Run) -> None:
     transports = report["settings"]["transports"]
     assert level["best_transport"] in transports and len(level["transports"]) == len(transports)
     assert all(c["value"] is not None and c["met"] in (True, False) for c in level["checks"]), level
+    (encoded,) = report["encoded_checks"]  # shim CPU per image, encoded against the tensor transport (shm)
+    assert encoded["best_tensor_transport"] == "shm" and encoded["met"] in (True, False)
+    assert any(line.startswith(f"c={CLIENTS}: ") and "with encoded / with the best tensor transport (shm)" in line
+               for line in lines), lines
     print(f"bench --frontend --quick took {elapsed:.0f} s")
+
+
+@pytest.mark.triton
+@pytest.mark.timeout(300)
+def test_wrk_measures_each_shim_row_again_in_the_same_run(quick_run: Run) -> None:
+    out, report, _ = quick_run
+    if shutil.which("wrk") is None:
+        if os.environ.get("CI"):
+            pytest.fail("wrk is missing: bench/wrk.py installs it with apt-get when run as root")
+        pytest.skip("wrk is missing (apt-get install wrk)")
+    for r in (r for r in report["results"] if r["kind"] == "shim"):
+        checked = r["wrk"]
+        assert checked["exit"] == 0 and checked["requests"] > 0, checked
+        assert checked["non_2xx"] == 0 and checked["socket_errors"] == 0, checked
+        assert checked["cpu_ms_per_image"]["shim"] > 0 and checked["cpu_ms_per_image"]["triton"] > 0, checked
+    text = (out / "results.md").read_text()
+    assert "| images/s (Python) | images/s (wrk) |" in text and "GPU host (estimate)" in text

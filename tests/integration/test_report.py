@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from app import promtext
 from app.embedded_triton import EmbeddedTriton
 from app.report.__main__ import main
 from tests.conftest import TEST_ARCH, make_test_repo, start_shim, start_triton, stop_soon
@@ -93,6 +94,24 @@ def test_the_same_model_on_triton_is_a_go(triton: EmbeddedTriton, test_repo: Pat
                        "20250102T030402Z-req002.json", "20250102T030499Z-broken.jpg"}
     page = (out / "report.html").read_text()
     assert len(re.findall(r"<svg\b", page)) == 3 and "GO" in page
+
+
+def test_the_encoded_transport_sends_each_upload_as_it_came_and_is_a_go(triton: EmbeddedTriton, test_repo: Path,
+                                                                        test_model_pt: Path, capture: Path,
+                                                                        tmp_path: Path) -> None:
+    """--transport encoded: Triton decodes the JPEGs itself (resnet50_encoded), the PNGs go as tensors."""
+    out = tmp_path / "report"
+    before = sum(s.value for s in promtext.scrape(triton.metrics_url)
+                 if s.matches("nv_inference_count", {"model": "resnet50_encoded"}))
+    done = run_report(str(capture), *in_process(triton.http_url, test_repo, test_model_pt), "--out", str(out),
+                      "--transport", "encoded", "--warm-up", "1", *ANY_SPEED)
+    assert done.returncode == 0, done.stderr
+    assert "GO: 12 of 12 images compared" in done.stderr, done.stderr
+    assert "transport encoded" in (out / "report.md").read_text()
+    after = sum(s.value for s in promtext.scrape(triton.metrics_url)
+                if s.matches("nv_inference_count", {"model": "resnet50_encoded"}))
+    assert after - before == 10 + 1  # the 10 JPEGs and the warm-up call; the 2 PNGs went as tensors
+    assert all(float(r["max_score_diff"]) <= 1e-3 for r in results(out) if r["status"] == "compared")
 
 
 def test_triton_serving_another_version_is_a_no_go_that_names_the_images(

@@ -11,6 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTritonError
 from app.embedded_triton.cpu_repo import cpu_config, read_config, sync_cpu_repo
 from app.embedded_triton.wheel import TritonWheel
+from app.preprocess import ImageSpec
 from tests.support import TRITON_REPO, free_ports
 
 MODELS = sorted(p.parent.name for p in TRITON_REPO.glob("*/config.pbtxt"))
@@ -25,8 +26,9 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def test_the_repository_holds_its_five_models() -> None:
-    assert MODELS == ["normalize", "pipeline", "preprocess", "resnet50", "resnet50_uint8"]
+def test_the_repository_holds_its_seven_models() -> None:
+    assert MODELS == ["normalize", "pipeline", "preprocess", "resnet50", "resnet50_decode", "resnet50_encoded",
+                      "resnet50_uint8"]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -65,6 +67,39 @@ def test_ensemble_maps_name_tensors_that_exist() -> None:
     assert (raw.name, raw.data_type, list(raw.dims)) == ("raw_image", mc.TYPE_UINT8, [-1, -1, 3])
     (result,) = pipeline.output
     assert (result.name, result.data_type, list(result.dims)) == ("classification_result", mc.TYPE_FP32, [1000])
+
+
+def test_the_encoded_ensemble_feeds_the_decode_steps_tensor_to_resnet50() -> None:
+    encoded = read_config(TRITON_REPO / "resnet50_encoded" / "config.pbtxt")
+    assert encoded.platform == "ensemble"
+    (raw,), (logits,) = encoded.input, encoded.output
+    assert (raw.name, raw.data_type, list(raw.dims)) == ("encoded", mc.TYPE_UINT8, [-1])
+    assert (logits.name, logits.data_type, list(logits.dims)) == ("output__0", mc.TYPE_FP32, [1000])
+    decode, model = encoded.ensemble_scheduling.step
+    assert (decode.model_name, model.model_name) == ("resnet50_decode", "resnet50")
+    step = read_config(TRITON_REPO / "resnet50_decode" / "config.pbtxt")
+    net = read_config(TRITON_REPO / "resnet50" / "config.pbtxt")
+    (inp,), (out,) = step.input, step.output
+    assert inp.allow_ragged_batch, "uploads of different lengths must batch together"
+    assert dict(decode.input_map) == {inp.name: "encoded"} and dict(decode.output_map) == {out.name: "decoded"}
+    assert dict(model.input_map) == {net.input[0].name: "decoded"}
+    assert (out.data_type, list(out.dims)) == (net.input[0].data_type, list(net.input[0].dims))
+    assert step.max_batch_size >= encoded.max_batch_size and net.max_batch_size >= encoded.max_batch_size
+
+
+def test_the_decode_step_reads_the_legacy_transforms_from_its_parameters() -> None:
+    """The names issue 20's model description generates: resize, crop, interpolation, mean, std (strings)."""
+    step = read_config(TRITON_REPO / "resnet50_decode" / "config.pbtxt")
+    params = {k: v.string_value for k, v in step.parameters.items()}
+    assert set(params) == {"resize", "crop", "interpolation", "mean", "std"}
+    spec = ImageSpec()
+    assert (int(params["resize"]), int(params["crop"]), params["interpolation"]) == (spec.resize, spec.crop, "bilinear")
+    assert tuple(float(x) for x in params["mean"].split(",")) == spec.mean
+    assert tuple(float(x) for x in params["std"].split(",")) == spec.std
+    assert list(step.output[0].dims) == [3, spec.crop, spec.crop]
+    source = (TRITON_REPO / "resnet50_decode" / "1" / "model.py").read_text()
+    for number in ("256", "224", "0.485", "0.229"):  # the numbers live in the config, not the code
+        assert number not in source, number
 
 
 def test_preprocess_model_imports_only_numpy_and_pillow() -> None:

@@ -1,0 +1,48 @@
+"""The encoded transport's choice, per upload, from its header alone: forward the bytes, or decode them here.
+
+Triton's `<model>_decode` step takes a JPEG whose pixels are RGB (YCbCr) or grayscale, baseline or progressive,
+any chroma subsampling: the kinds that nvJPEG and libjpeg-turbo decode to what Pillow's convert("RGB") gives.
+Anything else goes through today's CPU path in the shim, which also gives the contract's 400 / 413 answers,
+exactly as before, for every upload it refuses. The reasons (the metric shim_encoded_cpu_path_total{reason}):
+
+    format       not a JPEG (PNG, WebP, GIF, BMP, TIFF, an MPO camera file ...): Pillow decodes it here
+    jpeg_mode    a JPEG whose pixels are not RGB or grayscale (CMYK or YCCK: Pillow's own CMYK -> RGB rule)
+    limits       over SHIM_MAX_IMAGE_PIXELS, or so elongated that the resize would be (the 413 comes from here)
+    unreadable   empty, or a header Pillow refuses (the 400, or 413 for a bomb, comes from the CPU path)
+    decoder_refused  Triton's decoder refused an upload sent to it (counted by app/service.py)
+
+Reading the header costs about 20 us (Image.open reads the markers up to the first scan; nothing is decoded).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+
+from PIL import Image, UnidentifiedImageError
+
+from app.preprocess import ImageSpec, resized_size
+
+FORMATS = frozenset({"JPEG"})
+MODES = frozenset({"RGB", "L"})
+REASONS = ("format", "jpeg_mode", "limits", "unreadable", "decoder_refused")
+
+
+def cpu_reason(data: bytes, spec: ImageSpec) -> str | None:
+    """None when Triton can decode the upload as it came; otherwise why the shim decodes it itself."""
+    if not data:
+        return "unreadable"
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # the header only
+            kind, mode, (width, height) = image.format, image.mode, image.size
+    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning, OSError,
+            ValueError, SyntaxError, EOFError, struct.error):
+        return "unreadable"
+    if kind not in FORMATS:
+        return "format"
+    if mode not in MODES:
+        return "jpeg_mode"
+    new_w, new_h = resized_size(width, height, spec.resize) if width and height else (0, 0)
+    if width * height > spec.max_pixels or new_w * new_h > spec.max_pixels or not width or not height:
+        return "limits"
+    return None

@@ -1,0 +1,271 @@
+"""`python -m bench.agreement`: the encoded transport's answers against the legacy app's, on a generated corpus.
+
+For every upload of bench/corpus.py (205 of them: 1x1 to 4000x3000, JPEG 4:2:0 / 4:2:2 / 4:4:4, progressive,
+grayscale, CMYK, EXIF orientations, PNG, WebP, GIF), two tensors:
+
+  legacy   app.preprocess: Pillow decode + convert("RGB"), Resize, CenterCrop, ToTensor, Normalize, bit for
+           bit what the legacy app's torchvision made
+  encoded  what the encoded transport makes of the same upload: Triton's decode step (`resnet50_decode`, its
+           tensor read back) for an upload app/sniff.py forwards; for the others the shim's own CPU path,
+           which is the legacy code (difference 0 by construction, reported as such, with the reason)
+
+Both go through the same real classifier in this process (bench/reference_model.py: EfficientNet-Lite0,
+pretrained): top-1 agreement and top-5 overlap (the share of the legacy top-5 in the encoded top-5), and the
+largest and mean absolute difference of the tensors' values, in pixel levels (1 = one step of 0..255). The
+step's resize, crop, mean and std are read from its config in Triton, the one description both paths use.
+
+Targets: top-1 agreement >= 99.5 % and mean top-5 overlap >= 99 %: exit 0 when met, 1 when not, 2 when no
+figure could be made.
+
+    python -m bench.agreement                    # starts the wheel's Triton with resnet50_decode's CPU copy
+    python -m bench.agreement --triton-url H:P   # a running Triton (a GPU host's, for the GPU's figures)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import corpus
+from bench.reference_model import export_efficientnet_lite0
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP1_TARGET, TOP5_TARGET = 0.995, 0.99
+K = 5
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    kind: str
+    path: str  # "triton" (forwarded and decoded there) or the reason the shim decoded it itself
+    max_levels: float  # largest |difference| of a tensor value, in pixel levels
+    mean_levels: float
+    same_top1: bool
+    top5_overlap: float
+
+
+class DecodeStep:
+    """Triton's decode step, called one upload per request (as the shim sends them), a client per thread."""
+
+    def __init__(self, url: str, model: str = "resnet50_decode", timeout_s: float = 120) -> None:
+        import tritonclient.http as httpclient
+
+        self._http, self.url, self.model, self._timeout_s = httpclient, url, model, timeout_s
+        self._local = threading.local()
+        self._clients: list[Any] = []
+        self._lock = threading.Lock()
+        config = self._client().get_model_config(model)
+        self.parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.instances = config.get("instance_group", [])
+        (inp,), (out,) = config["input"], config["output"]
+        self.input_name, self.output_name = inp["name"], out["name"]
+
+    def spec(self, max_pixels: int = 40_000_000) -> Any:
+        """The ImageSpec the step's own parameters describe: the legacy path is measured with the same one."""
+        from app.preprocess import ImageSpec
+
+        p = self.parameters
+        mean = tuple(float(x) for x in p["mean"].split(","))
+        std = tuple(float(x) for x in p["std"].split(","))
+        return ImageSpec(resize=int(p["resize"]), crop=int(p["crop"]), mean=mean, std=std,  # type: ignore[arg-type]
+                         max_pixels=max_pixels)
+
+    def _client(self) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._http.InferenceServerClient(self.url, network_timeout=self._timeout_s)
+            self._local.client = client
+            with self._lock:
+                self._clients.append(client)
+        return client
+
+    def tensor(self, data: bytes) -> np.ndarray | None:
+        """The step's FP32 [3, crop, crop] for one upload; None when it refuses the upload."""
+        from tritonclient.utils import InferenceServerException
+
+        tensor = self._http.InferInput(self.input_name, [1, len(data)], "UINT8")
+        tensor.set_data_from_numpy(np.frombuffer(data, np.uint8).reshape(1, -1), binary_data=True)
+        try:
+            return np.asarray(self._client().infer(self.model, [tensor]).as_numpy(self.output_name)[0])
+        except InferenceServerException as e:
+            if "[decode_refused]" in str(e):
+                return None
+            raise
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+
+
+def encoded_tensors(items: Sequence[corpus.Item], step: DecodeStep, spec: Any,
+                    concurrency: int = 4) -> list[tuple[str, np.ndarray]]:
+    """(path, tensor) per item as the encoded transport makes it; several requests in flight, as under load."""
+    from app.preprocess import decode, to_tensor
+    from app.sniff import cpu_reason
+
+    def one(item: corpus.Item) -> tuple[str, np.ndarray]:
+        reason = cpu_reason(item.data, spec)
+        if reason is None:
+            got = step.tensor(item.data)
+            if got is not None:
+                return "triton", got
+            reason = "decoder_refused"
+        return reason, to_tensor(decode(item.data, spec), spec)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, items))
+
+
+def logits_of(model: Any, tensors: Sequence[np.ndarray], batch: int = 16) -> np.ndarray:
+    import torch
+
+    out = []
+    with torch.inference_mode():  # channels-last input: its depthwise convolutions run several times faster
+        for start in range(0, len(tensors), batch):
+            x = torch.from_numpy(np.stack(tensors[start:start + batch])).contiguous(memory_format=torch.channels_last)
+            out.append(model(x).numpy())
+    return np.concatenate(out)
+
+
+def measure(items: Sequence[corpus.Item], step: DecodeStep, *, model_path: Path | None = None,
+            concurrency: int = 4) -> tuple[list[Row], dict[str, Any]]:
+    """Every item through both paths and the reference model: one Row each, and the summary."""
+    import torch
+
+    from app.preprocess import decode, to_tensor
+
+    spec = step.spec()
+    started = time.monotonic()
+    legacy = [to_tensor(decode(item.data, spec), spec) for item in items]
+    encoded = encoded_tensors(items, step, spec, concurrency)
+    decoded_s = time.monotonic() - started
+    level = 1 / 255 / np.asarray(spec.std, dtype=np.float32)[:, None, None]  # one pixel step, per channel
+    levels = [np.abs(got - want) / level for want, (_, got) in zip(legacy, encoded, strict=True)]
+    # Equal tensors give equal logits: the model runs on the pairs that differ (what the figures are about).
+    differ = [i for i, lv in enumerate(levels) if lv.max() > 0]
+    model = torch.jit.optimize_for_inference(
+        torch.jit.load(str(model_path or export_efficientnet_lite0()), map_location="cpu").eval())
+    a = dict(zip(differ, logits_of(model, [legacy[i] for i in differ]), strict=True)) if differ else {}
+    b = dict(zip(differ, logits_of(model, [encoded[i][1] for i in differ]), strict=True)) if differ else {}
+    rows = []
+    for i, (item, (path, _)) in enumerate(zip(items, encoded, strict=True)):
+        same, overlap = True, 1.0
+        if i in a:
+            top_a, top_b = np.argsort(-a[i])[:K], np.argsort(-b[i])[:K]
+            same, overlap = bool(top_a[0] == top_b[0]), len(set(top_a) & set(top_b)) / K
+        rows.append(Row(item.name, item.kind, path, float(levels[i].max()), float(levels[i].mean()), same, overlap))
+    return rows, summarize(rows, seconds=time.monotonic() - started, decode_s=decoded_s, classified=len(differ))
+
+
+def summarize(rows: Sequence[Row], **extra: float) -> dict[str, Any]:
+    def figures(subset: Sequence[Row]) -> dict[str, Any]:
+        return {"images": len(subset), "top1_agreement": float(np.mean([r.same_top1 for r in subset])),
+                "top5_overlap": float(np.mean([r.top5_overlap for r in subset])),
+                "max_levels": max(r.max_levels for r in subset), "mean_levels": float(np.mean([r.mean_levels
+                                                                                               for r in subset]))}
+
+    forwarded = [r for r in rows if r.path == "triton"]
+    summary: dict[str, Any] = {"all": figures(rows), "forwarded": figures(forwarded) if forwarded else None,
+                               "paths": {p: sum(r.path == p for r in rows) for p in sorted({r.path for r in rows})},
+                               "kinds": {kind: {**figures([r for r in rows if r.kind == kind]),
+                                                "paths": sorted({r.path for r in rows if r.kind == kind})}
+                                         for kind in dict.fromkeys(r.kind for r in rows)},
+                               "targets": {"top1_agreement": TOP1_TARGET, "top5_overlap": TOP5_TARGET}, **extra}
+    summary["met"] = (summary["all"]["top1_agreement"] >= TOP1_TARGET and summary["all"]["top5_overlap"] >= TOP5_TARGET)
+    return summary
+
+
+def markdown(rows: Sequence[Row], summary: dict[str, Any], where: str) -> str:
+    a = summary["all"]
+    lines = [f"# Encoded transport: agreement with the legacy path ({where})", "",
+             f"{a['images']} generated uploads (bench/corpus.py); reference model EfficientNet-Lite0 (pretrained), "
+             f"run on the {summary['classified']} pairs whose tensors differ (equal tensors give equal answers); "
+             f"tensor differences in pixel levels (1 = one step of 0..255). Paths: "
+             + ", ".join(f"{p} {n}" for p, n in summary["paths"].items()) + ".", "",
+             f"**{'MET' if summary['met'] else 'NOT MET'}**: top-1 agreement {a['top1_agreement']:.2%} (target >= "
+             f"{TOP1_TARGET:.1%}), mean top-5 overlap {a['top5_overlap']:.2%} (target >= {TOP5_TARGET:.0%}); "
+             f"tensor max {a['max_levels']:.2f}, mean {a['mean_levels']:.4f} levels.", ""]
+    if summary["forwarded"]:
+        f = summary["forwarded"]
+        lines += [f"Forwarded to Triton's decoder alone ({f['images']} uploads): top-1 {f['top1_agreement']:.2%}, "
+                  f"top-5 overlap {f['top5_overlap']:.2%}, tensor max {f['max_levels']:.2f}, mean "
+                  f"{f['mean_levels']:.4f} levels.", ""]
+    lines += ["| kind | images | path | top-1 agreement | mean top-5 overlap | max diff (levels) "
+              "| mean diff (levels) |",
+              "| --- | --: | --- | --: | --: | --: | --: |"]
+    for kind, k in summary["kinds"].items():
+        lines.append(f"| {kind} | {k['images']} | {', '.join(k['paths'])} | {k['top1_agreement']:.1%} | "
+                     f"{k['top5_overlap']:.1%} | {k['max_levels']:.2f} | {k['mean_levels']:.4f} |")
+    differ = [r for r in rows if not r.same_top1]
+    if differ:
+        lines += ["", "Top-1 differs: " + "; ".join(f"{r.name} (max {r.max_levels:.1f} levels)" for r in differ)]
+    return "\n".join(lines) + "\n"
+
+
+def decode_repo(dest: Path, model: str = "resnet50_decode") -> Path:
+    """A repository holding only the decode step, as committed (its CPU copy is what the embedded Triton serves)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copytree(ROOT / "triton_repo" / model, dest / model, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def main(argv: Sequence[str] | None = None, on_ready: Callable[[DecodeStep], None] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.agreement", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--triton-url", help="a running Triton serving the decode step (default: start the wheel's)")
+    p.add_argument("--model", default="resnet50_decode", help="the decode step's name (default resnet50_decode)")
+    p.add_argument("--limit", type=int, help="only the first N uploads of the corpus")
+    p.add_argument("--concurrency", type=int, default=4, help="uploads in flight to Triton (default 4)")
+    p.add_argument("--out", type=Path, help="where results.json and results.md go (default bench/out/<time>-agreement)")
+    args = p.parse_args(argv)
+    out = (args.out or ROOT / "bench" / "out" / f"{time.strftime('%Y%m%d-%H%M%S')}-agreement").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    print("agreement: making the corpus (cached in .cache/agreement-corpus) and the reference model ...", flush=True)
+    items = corpus.cached(limit=args.limit)
+    export_efficientnet_lite0()
+    work = Path(tempfile.mkdtemp(prefix="shim-agreement-"))
+    server = None
+    try:
+        url = args.triton_url
+        if url is None:
+            from bench import stack
+
+            print("agreement: starting the wheel's Triton with the decode step's CPU copy ...", flush=True)
+            server = stack.start_triton(decode_repo(work / "repo", args.model), work / "triton")
+            url = server.http_url
+        step = DecodeStep(url, args.model)
+        if on_ready is not None:
+            on_ready(step)
+        kinds = "/".join(sorted({str(g.get("kind", "?")) for g in step.instances})) or "?"
+        rows, summary = measure(items, step, concurrency=args.concurrency)
+        step.close()
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    where = f"Triton at {url}, {args.model} on {kinds}"
+    summary["where"] = where
+    (out / "results.json").write_text(json.dumps({"summary": summary, "rows": [r.__dict__ for r in rows]}, indent=2))
+    (out / "results.md").write_text(markdown(rows, summary, where))
+    print((out / "results.md").read_text())
+    print(f"written: {out / 'results.json'}, {out / 'results.md'} ({summary['seconds']:.0f} s)")
+    return 0 if summary["met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

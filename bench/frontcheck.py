@@ -1,0 +1,83 @@
+"""The front-end report's second look at the shim rows: wrk's figures beside the Python load generator's, each
+row's CPU per image in the shim and in Triton, what a GPU host would serve, and the encoded transport's target.
+
+  GPU-host estimate  cores x 1000 / the shim's CPU ms per image: the images/s the shim's processes alone would
+                     let through if Triton's share of the CPU (the model, and with `encoded` the decode)
+                     went to a GPU and the shim had the cores to itself. An estimate from CPU per image, not a
+                     measurement (bench/device_check.sh measures it on a GPU host).
+  encoded target     the shim's CPU per image with `encoded` <= 0.4 x its CPU per image with the best tensor
+                     transport (the lowest of http, shm, uint8, uint8-shm), the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+ENCODED_TARGET = 0.4
+TENSOR_TRANSPORTS = ("http", "shm", "uint8", "uint8-shm")
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def encoded_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency with an encoded row and a tensor row: the ratio of their shim CPU per image."""
+    out = []
+    for c in sorted({r["concurrency"] for r in rows if r.get("kind") == "shim"}):
+        at = {r["transport"]: r for r in rows if r.get("kind") == "shim" and r["concurrency"] == c}
+        tensors = {t: at[t]["cpu_ms_per_image"].get("shim") for t in TENSOR_TRANSPORTS if t in at}
+        tensors = {t: v for t, v in tensors.items() if v}
+        encoded = at.get("encoded", {}).get("cpu_ms_per_image", {}).get("shim")
+        if not tensors or not encoded:
+            continue
+        best = min(tensors, key=lambda t: tensors[t])
+        ratio = encoded / tensors[best]
+        out.append({"concurrency": c, "best_tensor_transport": best, "best_tensor_cpu_ms": tensors[best],
+                    "encoded_cpu_ms": encoded, "ratio": ratio, "bound": ENCODED_TARGET,
+                    "met": ratio <= ENCODED_TARGET})
+    return out
+
+
+def lines(rows: Sequence[dict[str, Any]], cores: int, wrk_note: str | None) -> list[str]:
+    shims = [r for r in rows if r.get("kind") == "shim"]
+    if not shims:
+        return []
+    out = ["## The shim rows: wrk beside the Python load generator, CPU per image, a GPU host's estimate", "",
+           "Each shim row was measured twice in this run, one window right after the other: by the benchmark's "
+           "Python load generator (the table above) and by wrk (C, `bench/wrk.py`, the same multipart bodies). "
+           "CPU ms per image of the shim's processes and of Triton's over each window (/proc). `GPU host "
+           f"(estimate)` = {cores} cores x 1000 / the shim's CPU ms per image: what the shim would let through "
+           "with Triton's share on a GPU (an estimate, not a measurement); `per 16 cores` the same for a 16-core "
+           "host such as the one bench/device_check.sh runs on.", ""]
+    if wrk_note:
+        out += [wrk_note, ""]
+    out += ["| row | clients | images/s (Python) | images/s (wrk) | wrk / Python | shim CPU ms/img (Python) | "
+            "shim CPU ms/img (wrk) | Triton CPU ms/img (Python) | Triton CPU ms/img (wrk) | wrk's own CPU ms/img | "
+            "GPU host (estimate), images/s | per 16 cores (estimate) |",
+            "| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: | --: |"]
+    for r in shims:
+        w = r.get("wrk") or {}
+        wcpu = w.get("cpu_ms_per_image") or {}
+        shim_cpu = r["cpu_ms_per_image"].get("shim")
+        estimate = cores * 1000 / shim_cpu if shim_cpu else None
+        ratio = w["qps"] / r["qps"] if w.get("qps") and r.get("qps") else None
+        out.append(f"| {r['label']} | {r['concurrency']} | {_f(r['qps'], 1)} | {_f(w.get('qps'), 1)} | {_f(ratio)} | "
+                   f"{_f(shim_cpu)} | {_f(wcpu.get('shim'))} | {_f(r['cpu_ms_per_image'].get('triton'))} | "
+                   f"{_f(wcpu.get('triton'))} | {_f(wcpu.get('wrk'))} | {_f(estimate, 0)} | "
+                   f"{_f(16 * 1000 / shim_cpu if shim_cpu else None, 0)} |")
+    errors = [r["label"] for r in shims
+              if (r.get("wrk") or {}).get("non_2xx") or (r.get("wrk") or {}).get("socket_errors")]
+    if errors:
+        out += ["", f"wrk saw errors (non-2xx answers or socket errors) for: {', '.join(errors)}."]
+    checks = encoded_checks(rows)
+    if checks:
+        out += ["", "```"]
+        for chk in checks:
+            out.append(f"c={chk['concurrency']}: {'PASS' if chk['met'] else 'NOT MET'} shim CPU per image with "
+                       f"encoded / with the best tensor transport ({chk['best_tensor_transport']}) = "
+                       f"{chk['encoded_cpu_ms']:.2f} / {chk['best_tensor_cpu_ms']:.2f} = {chk['ratio']:.2f} "
+                       f"(target <= {chk['bound']})")
+        out.append("```")
+    return [*out, ""]

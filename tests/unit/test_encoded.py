@@ -1,0 +1,169 @@
+"""The encoded transport above the seam: which uploads are forwarded as they came, and that every answer
+stays the legacy contract's (the real decoder in Triton: tests/integration/test_encoded.py)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app import create_app, metrics
+from app.preprocess import ImageSpec
+from app.settings import Mode, Settings
+from app.sniff import cpu_reason
+from tests.fakes import EchoBackend, EncodedEcho, write_labels
+from tests.support import encode, photo
+from tests.unit.test_api import TOKEN, post_multipart, send
+from tests.uploads import animated_gif, bad_uploads, png_header_only, valid_uploads
+
+RGB = photo(320, 240, seed=21)
+JPEG = encode(RGB, "JPEG", quality=90)
+
+
+def exif_rotated() -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees
+    return encode(RGB, "JPEG", exif=exif.tobytes())
+
+
+@pytest.mark.parametrize(("name", "data", "reason"), [
+    ("baseline 4:2:0 JPEG", JPEG, None),
+    ("4:4:4 JPEG", encode(RGB, "JPEG", subsampling=0), None),
+    ("progressive JPEG", encode(RGB, "JPEG", progressive=True), None),
+    ("grayscale JPEG", encode(Image.fromarray(RGB).convert("L"), "JPEG"), None),
+    ("EXIF-rotated JPEG (sent as it came: the decoder ignores the tag, as the legacy app did)", exif_rotated(), None),
+    ("1x1 JPEG", encode(photo(1, 1), "JPEG"), None),
+    ("CMYK JPEG", encode(Image.fromarray(RGB).convert("CMYK"), "JPEG"), "jpeg_mode"),
+    ("PNG", encode(RGB, "PNG"), "format"),
+    ("WebP", encode(RGB, "WEBP"), "format"),
+    ("animated GIF", animated_gif(), "format"),
+    ("PNG bomb header (Pillow refuses it at open: 413)", png_header_only(30_000, 30_000), "unreadable"),
+    ("empty", b"", "unreadable"),
+    ("text", b"this is not an image\n" * 20, "unreadable"),
+    ("a JPEG's first 100 bytes", JPEG[:100], "unreadable"),
+])
+def test_only_rgb_and_grayscale_jpegs_are_forwarded(name: str, data: bytes, reason: str | None) -> None:
+    assert cpu_reason(data, ImageSpec()) == reason, name
+
+
+def test_jpegs_over_the_pixel_limits_stay_in_the_shim_which_answers_413() -> None:
+    spec = ImageSpec(max_pixels=100_000)
+    assert cpu_reason(encode(photo(400, 300), "JPEG"), spec) == "limits"  # 120,000 pixels
+    assert cpu_reason(encode(photo(300, 10), "JPEG"), spec) == "limits"  # resizes to 7680 x 256
+    assert cpu_reason(encode(photo(300, 200), "JPEG"), spec) is None
+
+
+class Apps:
+    """The same shim twice, in-process: the encoded transport (a fake of its kind) and a tensor one."""
+
+    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+        labels = write_labels(tmp_path / "labels.txt")
+        base = {"labels_path": labels, "admin_token": TOKEN, "batch_delay_ms": 0.0, **settings}
+        self.triton, self.legacy = EncodedEcho("triton"), EchoBackend("legacy")
+        self.encoded = create_app(Settings(**base, flag_file=tmp_path / "a.json"),
+                                  backends={"triton": self.triton, "legacy": self.legacy})
+        self.tensors = create_app(Settings(**base, flag_file=tmp_path / "b.json"),
+                                  backends={"triton": EchoBackend("triton"), "legacy": EchoBackend("legacy")})
+
+    def predict(self, data: bytes, which: str = "encoded") -> Any:
+        app = self.encoded if which == "encoded" else self.tensors
+        return post_multipart(app.test_client(), {"image": (io.BytesIO(data), "photo.jpg")})
+
+    def close(self) -> None:
+        for app in (self.encoded, self.tensors):
+            app.extensions["shim"].close()
+
+
+@pytest.fixture
+def apps(tmp_path: Path) -> Iterator[Apps]:
+    made = Apps(tmp_path)
+    yield made
+    made.close()
+
+
+def cpu_path(reason: str) -> float:
+    return metrics.ENCODED_CPU_PATH.labels(reason)._value.get()
+
+
+def test_a_jpeg_goes_to_triton_as_its_own_bytes_and_a_png_as_a_tensor(apps: Apps) -> None:
+    before = cpu_path("format")
+    answer = apps.predict(JPEG)
+    assert answer.status_code == 200, answer.get_json()
+    assert apps.triton.uploads == [JPEG] and apps.triton.tensors == 0
+    assert answer.get_json()["predictions"][0]["class_id"] == 1  # the fake's logits for an upload
+    png = apps.predict(encode(RGB, "PNG"))
+    assert png.status_code == 200
+    assert apps.triton.uploads == [JPEG] and apps.triton.tensors == 1
+    assert cpu_path("format") == before + 1
+
+
+def test_every_upload_gets_the_same_status_and_body_as_with_tensors(apps: Apps) -> None:
+    """The contract's 400 / 413 answers come from the same code: the CPU path decides every refusal."""
+    for upload in [*bad_uploads(), *valid_uploads()]:
+        if upload.status == 200:
+            continue
+        flask = {"encoded": apps.encoded, "tensors": apps.tensors}
+        got = {k: send(app.test_client(), upload) for k, app in flask.items()}
+        assert got["encoded"].status_code == got["tensors"].status_code == upload.status, upload.name
+        bodies = [got[k].get_json() for k in ("encoded", "tensors")]
+        if "declared" in bodies[1]["message"]:  # the body's size, which werkzeug's random boundary changes
+            bodies = [b["error"] for b in bodies]
+        assert bodies[0] == bodies[1], upload.name
+    for upload in valid_uploads():
+        assert send(apps.encoded.test_client(), upload).status_code == 200, upload.name
+
+
+def test_an_upload_the_decoder_refuses_gets_the_legacy_answer(apps: Apps) -> None:
+    truncated = JPEG[: len(JPEG) // 2]
+    assert cpu_reason(truncated, ImageSpec()) is None  # its header is fine: only decoding finds it
+    apps.triton.refuse = {truncated, JPEG}
+    before = cpu_path("decoder_refused")
+    bad, bad_tensors = apps.predict(truncated), apps.predict(truncated, "tensors")
+    assert bad.status_code == 400 and bad.get_json() == bad_tensors.get_json()
+    assert bad.get_json()["error"] == "invalid_image"
+    good = apps.predict(JPEG)  # refused by the decoder, read by Pillow: answered from the shim's own tensor
+    assert good.status_code == 200 and good.get_json() == apps.predict(JPEG, "tensors").get_json()
+    assert cpu_path("decoder_refused") == before + 2
+    assert apps.triton.tensors == 1
+
+
+def test_fallback_decodes_a_forwarded_upload_for_legacy(tmp_path: Path) -> None:
+    made = Apps(tmp_path, fallback=True)
+    try:
+        made.triton.down = True
+        answer = made.predict(JPEG)
+        assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == "legacy"
+        assert made.legacy.batches == [1]
+        assert made.predict(JPEG[:600]).status_code == 400  # legacy's answer to what Pillow cannot read
+    finally:
+        made.close()
+
+
+def test_shadow_sends_triton_the_upload_as_the_encoded_transport_would(tmp_path: Path) -> None:
+    made = Apps(tmp_path, mode=Mode.SHADOW, shadow_percent=100)
+    try:
+        results = {r: metrics.SHADOW_COMPARISONS.labels(r)._value.get() for r in metrics.SHADOW_RESULTS}
+        assert made.predict(JPEG).headers["X-Shim-Backend"] == "legacy"
+        assert made.predict(encode(RGB, "PNG")).status_code == 200
+        from app.waiting import wait_until
+
+        def compared() -> float:
+            return sum(metrics.SHADOW_COMPARISONS.labels(r)._value.get() - results[r] for r in ("match", "mismatch"))
+
+        wait_until(lambda: compared() == 2, 10, "two shadow comparisons")
+        assert made.triton.uploads == [JPEG] and made.triton.tensors == 1
+    finally:
+        made.close()
+
+
+def test_the_bytes_forwarded_are_the_upload_itself(apps: Apps) -> None:
+    rng = np.random.default_rng(3)
+    uploads = [encode(photo(64 + i, 48, seed=int(rng.integers(1000))), "JPEG") for i in range(5)]
+    for data in uploads:
+        assert apps.predict(data).status_code == 200
+    assert apps.triton.uploads == uploads
