@@ -20,6 +20,8 @@ from app.report.compare import (
 )
 from app.report.verdict import Thresholds, judge, percent
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 
 def top(*pairs: tuple[int, float]) -> tuple[Prediction, ...]:
     return tuple(Prediction(f"class {c}", c, s) for c, s in pairs)

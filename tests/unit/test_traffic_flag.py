@@ -14,6 +14,8 @@ from app.settings import Mode
 from app.traffic import TrafficFlag, TrafficState, bucket
 from tests.support import ROOT, FakeClock
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 KEYS = [f"user-{i}" for i in range(10_000)]
 POLL_S = 0.5
 
