@@ -32,7 +32,7 @@ help:
 	@echo "make export  - write $(MODEL) (ARCH=resnet50|resnet18, SHIM_MODEL_WEIGHTS=file.pth)"
 	@echo "make lint    - ruff and mypy"
 	@echo "make test-prod - the production packages alone (requirements/shim.txt: numpy 2, no torch) on $(PROD_PYTHON): the unit tests that need nothing else, and /predict through the dev Triton"
-	@echo "make lock    - rewrite requirements/*.txt (every install, with hashes) from pyproject.toml; commit them"
+	@echo "make lock    - rewrite requirements/*.txt (every install, with hashes) from pyproject.toml; commit them (UPGRADE=1: newest releases)"
 	@echo "make promtool - unpack promtool (Prometheus' checker) into .cache/tools for the deploy tests"
 	@echo "make nginx   - unpack nginx (Debian's package, no install, no root) into .cache/tools for the proxy tests"
 	@echo "make bench   - the Flask-vs-Triton benchmark, about 10 min (bench/RESULTS.md; BENCH_ARGS=--help)"
@@ -128,9 +128,10 @@ test-prod: $(PROD_VENV)/.installed install
 	env -u PYTHONDONTWRITEBYTECODE SHIM_TEST_ENV=production $(PROD_PY) -m pytest -m prod $(PYTEST_ARGS)
 
 # Every lock file of requirements/ from pyproject.toml (tools/lock.py says how they chain), with uv from
-# its own locked virtualenv. Needs PyPI; it never reads pip's configuration or a local index.
+# its own locked virtualenv. Needs PyPI; it never reads pip's configuration or a local index. It keeps the
+# pins that still fit; `make lock UPGRADE=1` takes the newest releases the bounds allow.
 lock: $(UV)
-	$(PYTHON) tools/lock.py --uv $(UV)
+	$(PYTHON) tools/lock.py --uv $(UV) $(if $(UPGRADE),--upgrade)
 
 $(UV): requirements/uv.txt
 	rm -rf .cache/tools/uv

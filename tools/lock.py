@@ -1,6 +1,7 @@
 """`make lock`: every install the project makes, locked with hashes, from pyproject.toml alone.
 
-    python tools/lock.py --uv .cache/tools/uv/bin/uv   # `make lock`: write requirements/*.txt
+    python tools/lock.py --uv .cache/tools/uv/bin/uv   # `make lock`: write requirements/*.txt, keeping the
+                                                       # pins that still fit (--upgrade: the newest there are)
     python tools/lock.py --check dev                   # `make install`: exit 1, saying what to do, when
                                                        # pyproject.toml and requirements/ disagree or this
                                                        # Python cannot run that environment (dev | prod)
@@ -263,7 +264,7 @@ class Uv:
         return self.run(args, check=check)
 
 
-def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path) -> str:
+def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path, *, upgrade: bool) -> str:
     sources: list[str] = []
     if lock.project:
         sources.append("pyproject.toml")
@@ -286,6 +287,8 @@ def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path) -
         excludes.write_text("\n".join(sorted(cuda_only(dev_pins))) + "\n")
         extra += ["--excludes", str(excludes), "--no-emit-package", "torch", "--no-emit-package", "torchvision"]
     out = work / f"{lock.name}.txt"
+    if lock.path.is_file() and not upgrade:  # uv keeps the pins of the file it writes, where they still fit
+        out.write_text(lock.path.read_text())
     uv.compile(sources, out, python=lock.python, universal=lock.universal, platform=lock.platform, extra=extra)
     text = out.read_text()
     # The annotations name the scratch files: name what they stand for instead, so that the file is the same
@@ -328,7 +331,7 @@ def torch_cpu_lock(uv: Uv, pyproject: dict[str, object], work: Path) -> tuple[st
     return text, f"{TORCH_CPU_INDEX} did not answer ({why}): torch-cpu.txt pins versions without hashes"
 
 
-def lock_all(uv_binary: str) -> int:
+def lock_all(uv_binary: str, *, upgrade: bool = False) -> int:
     uv = Uv(uv_binary)
     pyproject = read_pyproject()
     LOCK_DIR.mkdir(exist_ok=True)
@@ -336,7 +339,7 @@ def lock_all(uv_binary: str) -> int:
     with tempfile.TemporaryDirectory(prefix="lock-") as tmp:
         work = Path(tmp)
         for lock in LOCKS:
-            text = compile_lock(uv, lock, pyproject, work)
+            text = compile_lock(uv, lock, pyproject, work, upgrade=upgrade)
             changed = write_if_changed(lock.path, text)
             print(f"lock: {lock.path.relative_to(ROOT)} {'written' if changed else 'unchanged'} "
                   f"({len(read_pins(lock.path))} packages)", flush=True)
@@ -438,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uv", help="the uv binary (make lock installs it into .cache/tools/uv)")
     parser.add_argument("--check", choices=["dev", "prod"],
                         help="check, write nothing: the locks match pyproject.toml and this Python runs the env")
+    parser.add_argument("--upgrade", action="store_true",
+                        help="every package at the newest release its bounds allow (default: keep the locked pins "
+                             "that still fit, move only what a changed bound or a new requirement forces)")
     parser.add_argument("--find-python", choices=["dev", "prod"], help="print an interpreter for the env")
     args = parser.parse_args(argv)
     try:
@@ -448,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             return check(args.check)
         if not args.uv:
             parser.error("--uv is required to lock")
-        return lock_all(args.uv)
+        return lock_all(args.uv, upgrade=args.upgrade)
     except LockError as e:
         print(f"lock: {e}", file=sys.stderr)
         return 1
