@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--uv is required to lock")
         return lock_all(args.uv, upgrade=args.upgrade)
     except LockError as e:
-        print(f"lock: {e}", file=sys.stderr)
+        print(f"{'install' if args.check else 'lock'}: {e}", file=sys.stderr)
         return 1
 
 
