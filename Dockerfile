@@ -27,22 +27,33 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The locks (`make lock`): every package at the version CI tested, each file checked against its hash.
+COPY requirements/shim.txt requirements/shim-legacy.txt requirements/torch-cpu.txt ./requirements/
 COPY app ./app
 # COPY needs a source that exists: without a wheelhouse this copies its README, which pip ignores. Only
 # this build stage sees the wheels; the runtime stage below takes the virtualenv alone.
 COPY ${WHEELHOUSE:-wheelhouse/README.md} /wheelhouse/
-# One virtualenv, copied whole into the runtime stage (no pip, cache or build files left behind there).
-# With WITH_LEGACY=1, PyTorch's CPU index is an extra index: for the versions pinned in pyproject.toml pip
-# then takes its "+cpu" wheels (they sort above PyPI's CUDA builds of the same version), ~200 MB instead
-# of several GB of CUDA libraries the shim never uses. With a wheelhouse, --no-index wins over both
-# indexes: download the "+cpu" wheels into it (wheelhouse/README.md).
+# One virtualenv, copied whole into the runtime stage (no pip, cache or build files left behind there):
+# requirements/shim.txt (WITH_LEGACY=0), or requirements/shim-legacy.txt and then torch and torchvision as
+# PyTorch's CPU builds from its CPU index, ~200 MB instead of the several GB of CUDA libraries of PyPI's
+# builds, which the shim never uses (requirements/torch-cpu.txt: pip checks their hashes where the file
+# has them). The shim itself last, built by the locked setuptools, offline. With a wheelhouse, everything
+# comes from it (--no-index): download the "+cpu" wheels into it (wheelhouse/README.md).
 RUN python -m venv /opt/shim \
  && if [ "$WITH_LEGACY" = "1" ]; then \
       /opt/shim/bin/pip install ${WHEELHOUSE:+--no-index --find-links /wheelhouse} \
-        --extra-index-url https://download.pytorch.org/whl/cpu ".[legacy]"; \
+        --require-hashes -r requirements/shim-legacy.txt \
+      && if [ -n "$WHEELHOUSE" ]; then \
+           /opt/shim/bin/pip install --no-index --find-links /wheelhouse --no-deps -r requirements/torch-cpu.txt; \
+         else \
+           /opt/shim/bin/pip install --index-url https://download.pytorch.org/whl/cpu --no-deps \
+             -r requirements/torch-cpu.txt; \
+         fi; \
     else \
-      /opt/shim/bin/pip install ${WHEELHOUSE:+--no-index --find-links /wheelhouse} .; \
-    fi
+      /opt/shim/bin/pip install ${WHEELHOUSE:+--no-index --find-links /wheelhouse} \
+        --require-hashes -r requirements/shim.txt; \
+    fi \
+ && /opt/shim/bin/pip install --no-index --no-deps --no-build-isolation .
 
 FROM ${PYTHON_IMAGE} AS runtime
 ENV PATH=/opt/shim/bin:$PATH \

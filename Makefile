@@ -1,16 +1,27 @@
 # flask-triton-shim: `make run` serves /predict through a real local Triton; `make test` runs the tests.
 # Both set everything up on a fresh machine (virtualenv, packages, model export) first.
 
-PYTHON ?= python3
+# The dev environment's Python (make run, make test): python3 when it is 3.11 or 3.12, else the first of those
+# found (PATH, then pyenv). make test-prod's: the newest the shim supports (3.13, 3.12, 3.11), to prove it on
+# another Python than the dev one. Set either to choose: `make test PYTHON=python3.12`.
+ifeq ($(origin PYTHON), undefined)
+PYTHON := $(shell python3 tools/lock.py --find-python dev 2>/dev/null || echo python3)
+endif
+ifeq ($(origin PROD_PYTHON), undefined)
+PROD_PYTHON := $(shell python3 tools/lock.py --find-python prod 2>/dev/null || echo python3)
+endif
 VENV   := .venv
 PY     := $(VENV)/bin/python
+PROD_VENV := .venv-prod
+PROD_PY   := $(PROD_VENV)/bin/python
+UV     := .cache/tools/uv/bin/uv
 ARCH   ?= resnet50
 MODEL  := triton_repo/resnet50/1/model.pt
 PYTEST_ARGS ?=
 PROMTOOL := .cache/tools/promtool
 NGINX    := .cache/tools/nginx/usr/sbin/nginx
 
-.PHONY: help install export triton run test lint clean promtool nginx
+.PHONY: help install export triton run test test-prod lint lock clean promtool nginx
 
 help:
 	@echo "make run     - export the model, start a local Triton (wheel, CPU) and the shim on :5000"
@@ -23,19 +34,22 @@ help:
 	@echo "               your own model: python tools/export_model.py --model NAME (README: Your own model)"
 	@echo "               and python tools/check_preprocess.py your_app:transform IMAGES --model NAME"
 	@echo "make lint    - ruff and mypy"
+	@echo "make test-prod - the production packages alone (requirements/shim.txt: numpy 2, no torch) on $(PROD_PYTHON): the unit tests that need nothing else, and /predict through the dev Triton"
+	@echo "make lock    - rewrite requirements/*.txt (every install, with hashes) from pyproject.toml; commit them (UPGRADE=1: newest releases)"
 	@echo "make promtool - unpack promtool (Prometheus' checker) into .cache/tools for the deploy tests"
 	@echo "make nginx   - unpack nginx (Debian's package, no install, no root) into .cache/tools for the proxy tests"
 	@echo "make bench   - the Flask-vs-Triton benchmark, about 10 min (bench/RESULTS.md; BENCH_ARGS=--help)"
 	@echo "make bench-quick - the same in under 2 minutes (resnet18, fewer and shorter runs)"
 	@echo "make bench-frontend - the shim's CPU per image with a near-free model: floor, legacy front, each transport, direct (about 5 min; BENCH_ARGS=--profile)"
 
-$(VENV)/.installed: pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
-	  "Python 3.11 is required (the Triton wheel ships a python-backend stub per version); set PYTHON=python3.11")'
+# Installs only what requirements/dev.txt locks, every file hash-checked (torch 2.14.1 comes from local disk
+# where pip's configuration points at it). tools/lock.py --check stops first, saying what to do, when this
+# Python cannot run the environment or pyproject.toml changed since `make lock`.
+$(VENV)/.installed: pyproject.toml requirements/dev.txt requirements/inputs.json
+	@$(PYTHON) tools/lock.py --check dev
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# torch is pinned in pyproject.toml: an unpinned torch would download several GB
-	$(PY) -m pip install --quiet -e '.[legacy,local-triton,dev]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(VENV)/.installed
@@ -111,6 +125,29 @@ bench-quick: install
 
 bench-frontend: install
 	$(PY) -m bench --frontend $(BENCH_ARGS)
+
+# The production shim's packages (requirements/shim.txt: numpy 2, no torch, no Triton) and pytest, on another
+# Python: the tests marked `prod` (pyproject.toml), among them /predict through the dev environment's Triton.
+$(PROD_VENV)/.installed: pyproject.toml requirements/prod-test.txt requirements/inputs.json
+	@$(PROD_PYTHON) tools/lock.py --check prod
+	test -x $(PROD_PY) || $(PROD_PYTHON) -m venv $(PROD_VENV)
+	$(PROD_PY) -m pip install --quiet --require-hashes -r requirements/prod-test.txt
+	$(PROD_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+test-prod: $(PROD_VENV)/.installed install
+	env -u PYTHONDONTWRITEBYTECODE SHIM_TEST_ENV=production $(PROD_PY) -m pytest -m prod $(PYTEST_ARGS)
+
+# Every lock file of requirements/ from pyproject.toml (tools/lock.py says how they chain), with uv from
+# its own locked virtualenv. Needs PyPI; it never reads pip's configuration or a local index. It keeps the
+# pins that still fit; `make lock UPGRADE=1` takes the newest releases the bounds allow.
+lock: $(UV)
+	$(PYTHON) tools/lock.py --uv $(UV) $(if $(UPGRADE),--upgrade)
+
+$(UV): requirements/uv.txt
+	rm -rf .cache/tools/uv
+	$(PYTHON) -m venv .cache/tools/uv
+	.cache/tools/uv/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements/uv.txt
 
 lint: install
 	$(PY) -m ruff check app tools tests bench gunicorn.conf.py

@@ -29,6 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from app.percentiles import median  # noqa: E402
 from app.preprocess import ImageSpec, decode, to_tensor  # noqa: E402
 from bench import stack  # noqa: E402
 from tools import launch  # noqa: E402
@@ -58,10 +59,10 @@ def preprocessing(jpeg: bytes, repeat: int) -> dict[str, float]:
     image = decode(jpeg, spec)
     diff = float(np.abs(to_tensor(image, spec) - reference(image).numpy()).max())
     result = {
-        "decode_ms": statistics.median(timed(lambda: decode(jpeg, spec), repeat)),
-        "shim_tensor_ms": statistics.median(timed(lambda: to_tensor(image, spec), repeat)),
-        "torchvision_tensor_ms": statistics.median(timed(lambda: reference(image), repeat)),
-        "legacy_decode_ms": statistics.median(timed(lambda: Image.open(io.BytesIO(jpeg)).convert("RGB"), repeat)),
+        "decode_ms": median(timed(lambda: decode(jpeg, spec), repeat)),
+        "shim_tensor_ms": median(timed(lambda: to_tensor(image, spec), repeat)),
+        "torchvision_tensor_ms": median(timed(lambda: reference(image), repeat)),
+        "legacy_decode_ms": median(timed(lambda: Image.open(io.BytesIO(jpeg)).convert("RGB"), repeat)),
         "max_abs_diff": diff,
     }
     result["shim_total_ms"] = result["decode_ms"] + result["shim_tensor_ms"]
@@ -93,8 +94,8 @@ def concurrency_one(shim_url: str, triton_url: str, jpeg: bytes, tensor: np.ndar
         shim_ms += timed(shim, 1)
     client.close()
     paired = [s - d for s, d in zip(shim_ms, direct_ms, strict=True)]
-    return {"direct_p50_ms": statistics.median(direct_ms), "shim_p50_ms": statistics.median(shim_ms),
-            "overhead_p50_ms": statistics.median(paired), "samples": repeat}
+    return {"direct_p50_ms": median(direct_ms), "shim_p50_ms": median(shim_ms),
+            "overhead_p50_ms": median(paired), "samples": repeat}
 
 
 def throughput(clients: int, seconds: float, make_worker) -> float:  # type: ignore[no-untyped-def]

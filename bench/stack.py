@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/overhead.py` as well as `python -m bench`
     sys.path.insert(0, str(ROOT))
@@ -291,6 +293,7 @@ def triton_breakdown(before: Samples, after: Samples, model: str) -> dict[str, f
 # -- the machine ---------------------------------------------------------------------------------------------
 
 def _cpu_model() -> str:
+    # psutil has no CPU model name: Linux's /proc/cpuinfo says it, platform.processor() elsewhere (often "").
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -298,12 +301,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _memory_gib() -> float | None:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 1024**2, 1)
-    return None
+def _memory_gib() -> float:
+    return round(psutil.virtual_memory().total / 1024**3, 1)
 
 
 def gpus() -> list[dict[str, str]]:

@@ -12,7 +12,6 @@ request after each load call returns, then ten more. Nothing is written into tri
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.percentiles import median
 from app.waiting import wait_until
 from bench import stack
 
@@ -71,7 +71,7 @@ def measure(repo: Path, work: Path, model_pt: Path, reloads: int) -> tuple[list[
             firsts.append(once())
             steady += [once() for _ in range(10)]
             print(f"  reload {reload + 1}: first request {firsts[-1]:.0f} ms, then median "
-                  f"{statistics.median(steady[-10:]):.0f} ms", flush=True)
+                  f"{median(steady[-10:]):.0f} ms", flush=True)
     finally:
         client.close()
         triton.stop()
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n| {args.arch}, {args.reloads} hot reloads | first request after the load (median) | "
           "the next 10 (median) | first / next |\n|---|--:|--:|--:|")
     for row, (firsts, steady) in results.items():
-        first, rest = statistics.median(firsts), statistics.median(steady)
+        first, rest = median(firsts), median(steady)
         print(f"| {row} | {first:.0f} ms | {rest:.0f} ms | {first / rest:.2f}x |")
     return 0
 

@@ -22,11 +22,13 @@ ENV PIP_NO_CACHE_DIR=1 \
 # Empty (the default): Pillow comes from PyPI. A folder of the build context (wheelhouse/triton): from that
 # folder alone, no network (wheelhouse/README.md). COPY needs a source that exists: without a wheelhouse
 # it copies the README. The copied wheels stay in that layer (Pillow's is about 4 MB).
+# requirements/triton-image.txt (`make lock`): the versions, each file checked against its hash.
 ARG WHEELHOUSE=
 COPY ${WHEELHOUSE:-wheelhouse/README.md} /tmp/wheelhouse/
-RUN python3 -m pip install --no-cache-dir ${WHEELHOUSE:+--no-index --find-links /tmp/wheelhouse} "pillow==11.0.0" \
-        "nvidia-nvimgcodec-cu12[nvjpeg]==0.9.0.20" "torch==2.5.1" "torchvision==0.20.1" \
- && rm -rf /tmp/wheelhouse
+COPY requirements/triton-image.txt /tmp/
+RUN python3 -m pip install --no-cache-dir ${WHEELHOUSE:+--no-index --find-links /tmp/wheelhouse} \
+      --require-hashes -r /tmp/triton-image.txt \
+ && rm -rf /tmp/wheelhouse /tmp/triton-image.txt
 # The image's own non-root user: Triton's build creates `triton-server` with uid and gid 1000 for this.
 USER 1000:1000
 CMD ["tritonserver", "--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"]

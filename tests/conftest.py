@@ -8,20 +8,23 @@ Each gets its marker from its folder: `pytest -m unit` runs in seconds, `make te
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 
-from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig
 from tests.support import ROOT, TRITON_REPO, free_ports
 from tools import launch
 from tools.launch import ServedApp
+
+if TYPE_CHECKING:  # imported where a server starts: `make test-prod` runs without the local Triton's packages
+    from app.embedded_triton import EmbeddedTriton
 
 TEST_ARCH = "resnet18"  # same input and output shapes as resnet50, a third of the compute
 # Two more classifiers, each with its own preprocessing, labels and legacy transform (examples/transforms.py),
@@ -62,6 +65,26 @@ def take_early(fixture: str, start: Callable[[], K]) -> K:
     """What start_early launched for `fixture` (once), else `start()` now."""
     started: Any = _EARLY_STARTED.pop(fixture, None)
     return started if started is not None else start()
+
+
+# `make test-prod` runs pytest in .venv-prod, with the production packages alone (no torch, no Triton, no dev
+# tools): there only the modules that mention the `prod` marker are collected (others import dev packages at
+# the top), and `-m prod` picks the marked tests from them.
+PRODUCTION_ENV = os.environ.get("SHIM_TEST_ENV") == "production"
+
+
+def _mentions_prod(test_module: Path) -> bool:
+    return "pytest.mark.prod" in test_module.read_text()
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    if not PRODUCTION_ENV:  # tests/prod/ compares .venv-prod with .venv: only make test-prod runs it
+        return True if collection_path == Path(__file__).parent / "prod" else None
+    if collection_path.is_dir():  # a folder with no such module: not even its conftest.py is imported
+        return not any(_mentions_prod(module) for module in collection_path.rglob("test_*.py"))
+    if collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return not _mentions_prod(collection_path)
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -171,6 +194,8 @@ def add_own_models(dest: Path) -> None:
 
 
 def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None) -> EmbeddedTriton:
+    from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig
+
     http, grpc, metrics = ports or free_ports(3)
     config = EmbeddedTritonConfig(model_repository=repo, cache_dir=cache_dir, http_port=http,
                                   grpc_port=grpc, metrics_port=metrics, startup_timeout_s=240)

@@ -44,6 +44,8 @@ def free_ports(count: int) -> list[int]:
     loaded) while other servers and clients start beside it. Below the ephemeral range, no bind(0) of
     another process (gunicorn's, the benchmark's) and no outgoing connection can take them meanwhile.
     """
+    from app.embedded_triton.server import port_is_free  # not at import: its package needs the local Triton's
+
     low = _ephemeral_low()
     ports: list[int] = []
     with _PORTS_LOCK:

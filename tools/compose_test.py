@@ -11,7 +11,8 @@ Runs on a machine with no GPU and no container registry (CI). Stages, one line e
   base image  flask-triton-shim-ci/python:3.11-bookworm, standing in for python:3.11-slim-bookworm:
               debootstrap (minbase) from the machine's own Debian mirror, imported; cached as a tarball
   stand-in    tools/standin_repo.py's numpy copy of triton_repo (no torch in the CI Triton image)
-  wheelhouses wheelhouse/shim and wheelhouse/ci-triton: `pip download`, so the builds need no network
+  wheelhouses wheelhouse/shim and wheelhouse/ci-triton: `pip download` of requirements/shim.txt and
+              requirements/ci-triton.txt (hash-checked), so the builds need no network
   prometheus  Debian's prometheus package, for the monitoring profile's image
   proxy       Debian's nginx and gettext-base packages and the entrypoint stand-in, for the proxy's image
   build       `docker compose build`: the real Dockerfile and the CI images of tests/compose/ci.yml
@@ -36,7 +37,6 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -60,7 +60,8 @@ BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificate
 WHEELHOUSE = ROOT / "wheelhouse"
 SHIM_WHEELHOUSE = WHEELHOUSE / "shim"
 TRITON_WHEELHOUSE = WHEELHOUSE / "ci-triton"
-TRITON_REQUIREMENTS = ROOT / "tests" / "compose" / "triton-requirements.txt"
+SHIM_LOCK = ROOT / "requirements" / "shim.txt"  # `make lock`: the Dockerfile installs exactly these
+TRITON_LOCK = ROOT / "requirements" / "ci-triton.txt"  # and tests/compose/triton.Dockerfile these
 STANDIN_REPO = CACHE / "standin-repo"
 PROMETHEUS_CONTEXT = CACHE / "prometheus"
 PROXY_CONTEXT = CACHE / "proxy"
@@ -413,17 +414,6 @@ def ensure_standin_repo() -> str:
     return f"{STANDIN_REPO.relative_to(ROOT)}: {', '.join(sorted(p.name for p in STANDIN_REPO.iterdir()))}"
 
 
-def shim_requirements() -> list[str]:
-    """The shim's dependencies (WITH_LEGACY=0) and its build backend, from pyproject.toml."""
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return [*pyproject["project"]["dependencies"], *pyproject["build-system"]["requires"]]
-
-
-def triton_requirements() -> list[str]:
-    lines = (line.split("#")[0].strip() for line in TRITON_REQUIREMENTS.read_text().splitlines())
-    return [line for line in lines if line]
-
-
 def platform_options() -> list[str]:
     """Wheels for the images (CPython 3.11, glibc 2.36 of bookworm), whatever Python or glibc runs this."""
     arch = platform.machine()
@@ -433,15 +423,15 @@ def platform_options() -> list[str]:
             *[a for tag in tags for a in ("--platform", tag)]]
 
 
-def ensure_wheelhouse(folder: Path, requirements: list[str]) -> str:
+def ensure_wheelhouse(folder: Path, lock: Path) -> str:
     stamp = folder / ".requirements"
-    wanted = "\n".join(requirements) + "\n"
+    wanted = lock.read_text()
     if stamp.is_file() and stamp.read_text() == wanted and any(folder.glob("*.whl")):
         return f"{folder.relative_to(ROOT)} cached"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--dest", folder,
-         *platform_options(), *requirements], log=LOGS / "wheelhouse.log", timeout=900)
+         *platform_options(), "--require-hashes", "-r", lock], log=LOGS / "wheelhouse.log", timeout=900)
     stamp.write_text(wanted)
     size = sum(p.stat().st_size for p in folder.glob("*.whl")) / 1e6
     return f"{folder.relative_to(ROOT)} downloaded ({len(list(folder.glob('*.whl')))} wheels, {size:.0f} MB)"
@@ -510,8 +500,8 @@ def build_images(stages: Stages, engine: Engine, stack: Stack, only: list[str] |
     with stages.stage("stand-in") as d:
         d.append(ensure_standin_repo())
     with stages.stage("wheelhouses") as d:
-        d.append(ensure_wheelhouse(SHIM_WHEELHOUSE, shim_requirements()))
-        d.append(ensure_wheelhouse(TRITON_WHEELHOUSE, triton_requirements()))
+        d.append(ensure_wheelhouse(SHIM_WHEELHOUSE, SHIM_LOCK))
+        d.append(ensure_wheelhouse(TRITON_WHEELHOUSE, TRITON_LOCK))
     if only is None or "prometheus" in only:
         with stages.stage("prometheus") as d:
             d.append(ensure_prometheus_deb())

@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.embedded_triton.errors import EmbeddedTritonError
@@ -15,9 +15,17 @@ from app.embedded_triton.errors import EmbeddedTritonError
 INSTALL_HINT = "run `make install` (or `pip install -e '.[local-triton]'`)"
 
 
+Version = tuple[int, int]
+
+
+def running_python() -> Version:
+    return sys.version_info.major, sys.version_info.minor
+
+
 @dataclass(frozen=True, kw_only=True)
 class TritonWheel:
     root: Path  # site-packages/pytriton/tritonserver
+    python: Version = field(default_factory=running_python)  # whose stub: the interpreter that runs the models
 
     @property
     def binary(self) -> Path:
@@ -33,16 +41,34 @@ class TritonWheel:
 
     @property
     def stub(self) -> Path:
-        version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        return self.root / "python_backend_stubs" / version / "triton_python_backend_stub"
+        """The python-backend stub built for `python`: it embeds that interpreter (links its libpython)."""
+        return self.stub_for(self.python)
+
+    def stub_for(self, version: Version) -> Path:
+        return self.root / "python_backend_stubs" / f"{version[0]}.{version[1]}" / "triton_python_backend_stub"
+
+    def stub_pythons(self) -> list[Version]:
+        """The Python versions the wheel has a stub for (0.7.0: 3.8 to 3.13)."""
+        found = [tuple(int(x) for x in d.name.split(".")) for d in (self.root / "python_backend_stubs").glob("3.*")
+                 if d.name.replace(".", "").isdigit() and (d / "triton_python_backend_stub").is_file()]
+        return sorted((v[0], v[1]) for v in found)
 
     def check(self) -> None:
         for path, what in [(self.binary, "the tritonserver binary"),
-                           (self.python_backend / "libtriton_python.so", "the python backend"),
-                           (self.stub, f"a python backend stub for Python {sys.version.split()[0]}")]:
+                           (self.python_backend / "libtriton_python.so", "the python backend")]:
             if not path.exists():
                 raise EmbeddedTritonError(f"{what} is missing from the nvidia-pytriton wheel ({path}); "
                                           f"reinstall it: {INSTALL_HINT}")
+        if not self.stub.exists():
+            has = self.stub_pythons()
+            if has and self.python not in has:
+                raise EmbeddedTritonError(
+                    f"the nvidia-pytriton wheel has python backend stubs for Python "
+                    f"{', '.join(f'{a}.{b}' for a, b in has)}, not for {self.python[0]}.{self.python[1]}, which runs "
+                    "here (the models run in the stub, on this interpreter): make the virtualenv with one of those, "
+                    "e.g. make install PYTHON=python3.11")
+            raise EmbeddedTritonError(f"a python backend stub for Python {self.python[0]}.{self.python[1]} is missing "
+                                      f"from the nvidia-pytriton wheel ({self.stub}); reinstall it: {INSTALL_HINT}")
 
     def backend_directory(self, into: Path) -> Path:
         """Lay out `<into>/python/` with the backend, its utils and the stub side by side.

@@ -11,7 +11,6 @@ Two kinds of answers, two comparisons with the same three numbers:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.contract import Prediction
+from app.percentiles import percentile
 from app.scores import Scores, softmax
 from app.shadow import compare as compare_logits
 
@@ -84,20 +84,13 @@ def from_top_k(legacy: Sequence[Prediction], triton: Sequence[Prediction]) -> Ag
     return Agreement(legacy[0].class_id == triton[0].class_id, overlap, max(diffs))
 
 
-def quantile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Nearest rank: the smallest value with at least q of the values at or below it."""
-    if not sorted_values:
-        return None
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
-
-
 @dataclass(frozen=True)
 class Latency:
     backend: str
     samples: tuple[float, ...]  # seconds, sorted
 
-    def q(self, q: float) -> float | None:
-        return quantile(self.samples, q)
+    def percentile(self, p: float) -> float | None:
+        return percentile(self.samples, p)
 
     @property
     def mean(self) -> float | None:
@@ -125,7 +118,7 @@ class Summary:
 
     @property
     def score_diff_p99(self) -> float | None:
-        return quantile(self.score_diffs, 0.99)
+        return percentile(self.score_diffs, 99)
 
     @property
     def score_diff_max(self) -> float | None:
@@ -137,7 +130,7 @@ class Summary:
 
     @property
     def p99_ratio(self) -> float | None:
-        legacy, triton = self.latency[LEGACY].q(0.99), self.latency[TRITON].q(0.99)
+        legacy, triton = self.latency[LEGACY].percentile(99), self.latency[TRITON].percentile(99)
         return triton / legacy if legacy and triton is not None else None
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from PIL import Image
 
+from app.percentiles import percentile
 from app.report import svg
-from app.report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, Summary, quantile, worst
+from app.report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, Summary, worst
 from app.report.verdict import Thresholds, Verdict, percent
 
 WORST_LISTED = 10
@@ -106,16 +107,16 @@ def sections(report: Report) -> list[Section]:
         f"Top-1 the same for {s.same_top1} of {s.compared} compared images"
         + (f" ({percent(s.same_top1 / s.compared)})" if s.compared else "") + "; mean top-" + f"{k} overlap "
         + (percent(s.topk_overlap_mean) if s.topk_overlap_mean is not None else "n/a") + "; largest score "
-        "difference per image: median " + _g(quantile(s.score_diffs, 0.5)) + ", p99 " + _g(s.score_diff_p99)
+        "difference per image: median " + _g(percentile(s.score_diffs, 50)) + ", p99 " + _g(s.score_diff_p99)
         + ", largest " + _g(s.score_diff_max) + "."])
 
     latency = Section("Latency", headers=["backend", "answered", "errors", "p50 ms", "p90 ms", "p99 ms", "max ms",
                                           "mean ms"])
     for backend in BACKENDS:
         lat = s.latency[backend]
-        latency.rows.append([backend, str(len(lat.samples)), str(s.errors[backend]), _ms(lat.q(0.5)), _ms(lat.q(0.9)),
-                             _ms(lat.q(0.99)), _ms(lat.q(1.0)), _ms(lat.mean)])
-    latency.after.append("Quantiles are nearest-rank over the successful calls" + (
+        latency.rows.append([backend, str(len(lat.samples)), str(s.errors[backend]),
+                             *(_ms(lat.percentile(p)) for p in (50, 90, 99, 100)), _ms(lat.mean)])
+    latency.after.append("Percentiles are nearest-rank (app/percentiles.py) over the successful calls" + (
         f"; with {min(len(s.latency[b].samples) for b in BACKENDS)} calls, p99 is close to the largest one."
         if min(len(s.latency[b].samples) for b in BACKENDS) < 100 else "."))
     latency.plots.append(svg.cdf("Latency per call, cumulative", [

@@ -68,7 +68,8 @@ def percent(share: float) -> str:
 def judge(summary: Summary, t: Thresholds, *, k: int) -> Verdict:
     none = "n/a (no image was compared)"
     agreement, overlap, diff = summary.top1_agreement, summary.topk_overlap_mean, summary.score_diff_p99
-    legacy_p99, triton_p99, ratio = summary.latency[LEGACY].q(0.99), summary.latency[TRITON].q(0.99), summary.p99_ratio
+    legacy_p99, triton_p99 = summary.latency[LEGACY].percentile(99), summary.latency[TRITON].percentile(99)
+    ratio = summary.p99_ratio
     checks = [
         Check("top-1 agreement",
               none if agreement is None else f"{percent(agreement)} ({summary.same_top1} of {summary.compared})",

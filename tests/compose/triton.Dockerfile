@@ -14,10 +14,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY ${WHEELHOUSE} /wheelhouse/
 # The server (its binary, backends and libraries ship in the wheel), what app.embedded_triton imports
-# and what the python-backend models import: tests/compose/triton-requirements.txt says which.
-COPY tests/compose/triton-requirements.txt /tmp/
+# and what the python-backend models import: pyproject.toml's `ci-triton` group, locked in
+# requirements/ci-triton.txt at the versions `make test` ran (each file checked against its hash).
+COPY requirements/ci-triton.txt /tmp/
 RUN python -m venv /opt/triton \
- && /opt/triton/bin/pip install --no-index --find-links /wheelhouse -r /tmp/triton-requirements.txt
+ && /opt/triton/bin/pip install --no-index --find-links /wheelhouse --require-hashes -r /tmp/ci-triton.txt
 
 FROM ${PYTHON_IMAGE}
 # The venv's python3 first on PATH: the python-backend stub finds its packages through it (and the compose

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.percentiles import percentile as shared_percentile
+
 HOST = "127.0.0.1"
 NORMAL = "127.0.0.1"  # normal clients and probes
 ATTACKERS = {"headers": "127.0.0.2", "body": "127.0.0.3", "stalled": "127.0.0.4"}
@@ -30,12 +32,9 @@ BOUNDARY = "hostileboundary5f1c"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0-100); nan for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    rank = max(1, int(-(-q * len(ordered) // 100)))  # ceil(q/100 * n)
-    return ordered[min(rank, len(ordered)) - 1]
+    """The project's percentile (app/percentiles.py: nearest rank; q in 0-100); nan for no values."""
+    found = shared_percentile(values, q)
+    return float("nan") if found is None else found
 
 
 def multipart_body(data: bytes, filename: str = "test.jpg") -> tuple[bytes, str]:

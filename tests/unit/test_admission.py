@@ -13,6 +13,8 @@ from app.errors import Overloaded
 from tests.support import FakeClock, wait_until
 from tests.unit.test_api import make_app
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 
 def test_a_full_worker_refuses_at_once_with_retry_after(tmp_path: Path) -> None:
     app = make_app(tmp_path, max_pending=2, threads=8, retry_after_s=3)

@@ -24,6 +24,8 @@ from tests.fakes import EchoBackend, write_labels
 from tests.support import encode, photo
 from tests.uploads import Upload, bad_uploads, valid_uploads
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 TOKEN = "unit-test-admin-token-0123"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 JPEG = encode(photo(320, 240, seed=5), "JPEG")

@@ -11,6 +11,8 @@ from app.batching import Batcher, Upstream
 from app.errors import BackendError, BackendTimeout, BackendUnavailable
 from tests.fakes import POISON, EchoBackend, image
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 TIMEOUT_S = 30.0
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's parts that need no server: Triton variants, CPU accounting from /proc, the profile summary."""
+"""The benchmark's parts that need no server: Triton variants, CPU accounting (psutil), the profile summary."""
 
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def test_instances_variant_has_no_dynamic_batching(tmp_path: Path) -> None:
 
 def test_cpu_window_counts_new_and_exited_processes() -> None:
     # Group "g": 10 (root) -> 11 (alive throughout), 12 (exits, reaped by 10), 13 (appears).
-    start = cpu.Snapshot({"g": {10: (100, 0), 11: (50, 0), 12: (30, 0)}})
-    end = cpu.Snapshot({"g": {10: (110, 45), 11: (70, 0), 13: (5, 0)}})
-    # 10: +10 own, +45 reaped (12's whole 45 ticks) ; 11: +20 ; 13: +5 from 0 ; 12 had 30 before the window.
+    start = cpu.Snapshot({"g": {10: (1.00, 0.0), 11: (0.50, 0.0), 12: (0.30, 0.0)}})
+    end = cpu.Snapshot({"g": {10: (1.10, 0.45), 11: (0.70, 0.0), 13: (0.05, 0.0)}})
+    # 10: +0.10 own, +0.45 reaped (12's whole 0.45 s) ; 11: +0.20 ; 13: +0.05 from 0 ; 12 had 0.30 before.
     got = cpu.window_seconds(start, end)["g"]
-    assert got["cpu_s"] == pytest.approx((10 + 45 + 20 + 5 - 30) / cpu.CLOCK_TICKS)
+    assert got["cpu_s"] == pytest.approx(0.10 + 0.45 + 0.20 + 0.05 - 0.30)
     assert (got["processes"], got["processes_at_start"]) == (3, 3)
 
 

@@ -11,6 +11,8 @@ from app.capture import Capture
 from tests.support import FakeClock, encode, photo
 from tests.unit.test_api import JPEG, make_app
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 
 def kept(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if not p.name.startswith("."))

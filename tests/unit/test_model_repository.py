@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTritonError
 from app.embedded_triton.cpu_repo import cpu_config, read_config, sync_cpu_repo
-from app.embedded_triton.wheel import TritonWheel
+from app.embedded_triton.wheel import TritonWheel, find_wheel
 from app.preprocess import ImageSpec
 from tests.support import TRITON_REPO, free_ports
 
@@ -179,6 +180,25 @@ def test_a_busy_port_is_named(tmp_path: Path, test_repo: Path) -> None:
                                       grpc_port=grpc, metrics_port=metrics)
         with pytest.raises(EmbeddedTritonError, match=rf"gRPC port 127\.0\.0\.1:{grpc} is busy"):
             EmbeddedTriton(config).start()
+
+
+@pytest.mark.parametrize("python", [(3, 11), (3, 12), (3, 13)])  # requires-python's
+def test_each_supported_python_gets_the_stub_built_for_it(python: tuple[int, int]) -> None:
+    """The models run in the python-backend stub, which embeds one Python: the wheel's stub of that version,
+    linked against that version's libpython (3.12 is Ubuntu 24.04's)."""
+    wheel = TritonWheel(root=find_wheel().root, python=python)
+    wheel.check()
+    assert wheel.stub == wheel.root / "python_backend_stubs" / f"{python[0]}.{python[1]}" / "triton_python_backend_stub"
+    assert wheel.stub.is_file() and wheel.stub.stat().st_mode & 0o111
+    assert f"libpython{python[0]}.{python[1]}.so".encode() in wheel.stub.read_bytes()
+    assert TritonWheel(root=wheel.root).python == sys.version_info[:2]  # by default, the interpreter running
+
+
+def test_a_python_with_no_stub_is_refused_with_the_versions_there_are() -> None:
+    wheel = TritonWheel(root=find_wheel().root, python=(3, 14))
+    with pytest.raises(EmbeddedTritonError, match=r"stubs for Python 3\.8, 3\.9, 3\.10, 3\.11, 3\.12, 3\.13, not for "
+                                                  r"3\.14, which runs here .*PYTHON=python3\.11"):
+        wheel.check()
 
 
 def test_a_broken_wheel_says_how_to_reinstall(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ def test_same_tensor_for_every_image_kind_the_contract_accepts(upload: object) -
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
 
 
+@pytest.mark.prod
 def test_decode_refuses_with_the_contracts_errors() -> None:
     with pytest.raises(EmptyImage):
         decode(b"", SPEC)

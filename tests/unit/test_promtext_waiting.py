@@ -7,6 +7,8 @@ import pytest
 from app import promtext
 from app.waiting import WaitTimeout, wait_until
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 TEXT = '''# HELP nv_inference_count Number of inferences performed
 # TYPE nv_inference_count counter
 nv_inference_count{model="resnet50",version="1"} 48

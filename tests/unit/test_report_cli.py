@@ -11,6 +11,8 @@ from app.report import EXIT_USAGE
 from app.report.__main__ import Progress, main, share
 from tools.sample_images import encode, photo
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 
 @pytest.fixture(autouse=True)
 def no_shim_environment(monkeypatch: pytest.MonkeyPatch) -> None:

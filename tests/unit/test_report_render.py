@@ -19,6 +19,8 @@ from app.report.verdict import Thresholds, judge
 from tests.unit.test_report_verdict import outcome
 from tools.sample_images import encode, photo
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 HEADER = [("Source", "in-process: test"), ("Triton", "127.0.0.1:8000: triton server 2.51.0; versions served: 2")]
 
 

@@ -22,6 +22,8 @@ from app.traffic import TrafficFlag, TrafficState, bucket
 from tests.fakes import EchoBackend, image
 from tests.support import FakeClock, wait_until
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 KEYS = [f"user-{i}" for i in range(200)]
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from app.scores import best, softmax
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 
 def full_sort(probs: np.ndarray, k: int) -> list[int]:
     return [int(i) for i in np.argsort(-probs, kind="stable")[:k]]

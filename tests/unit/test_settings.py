@@ -8,6 +8,8 @@ import pytest
 
 from app.settings import Mode, Settings, SettingsError
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 
 def test_defaults_and_environment() -> None:
     settings = Settings.from_env({"SHIM_TRITON_URL": "triton:8000", "SHIM_BATCH_DELAY_MS": "5",

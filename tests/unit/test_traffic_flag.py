@@ -14,6 +14,8 @@ from app.settings import Mode
 from app.traffic import TrafficFlag, TrafficState, bucket
 from tests.support import ROOT, FakeClock
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 KEYS = [f"user-{i}" for i in range(10_000)]
 POLL_S = 0.5
 
@@ -24,6 +26,19 @@ def test_buckets_are_deterministic_across_processes() -> None:
     other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert json.loads(other.stdout) == mine  # no per-process hash seed, unlike Python's hash()
     assert all(0 <= b < 100 for b in mine)
+
+
+def test_bucket_values_are_pinned_across_mmh3_releases() -> None:
+    """Which clients are in the canary must not move when mmh3 is upgraded (pyproject.toml bounds it, the
+    lock pins it): MurmurHash3 x86_32 as published (its test vectors), and the buckets it gives these keys."""
+    import mmh3
+
+    assert mmh3.hash("", seed=0, signed=False) == 0
+    assert mmh3.hash("hello", seed=0, signed=False) == 0x248BFA47
+    assert mmh3.hash("The quick brown fox jumps over the lazy dog", seed=0, signed=False) == 0x2E4FF723
+    keys = {"": 53, "client-1": 90, "client-2": 44, "10.0.0.7": 12, "user@example.com": 37,
+            "tenant-42:user-7": 65, "\u00fcn\u00efc\u00f6d\u00e9": 33}
+    assert {key: bucket(key) for key in keys} == keys
 
 
 def test_ten_percent_of_ten_thousand_keys_is_ten_percent_and_raising_it_only_adds_keys() -> None:

@@ -9,6 +9,8 @@ from urllib3 import encode_multipart_formdata
 from app import uploads
 from app.errors import MissingImage, TooLarge
 
+pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
+
 PHOTO = bytes(range(256)) * 40 + b"\r\n--not-the-boundary\r\n" + b"\xff\xd8" * 100
 LIMITS = {"max_parts": 1000, "max_field_bytes": 500_000}
 
