@@ -12,7 +12,6 @@ import numpy as np
 from PIL import Image
 
 from app import promtext, waiting
-from app.embedded_triton.server import port_is_free
 from app.preprocess import ImageSpec, decode, to_tensor
 from app.scores import best, softmax
 from tools.launch import free_port

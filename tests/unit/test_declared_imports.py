@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.support import ROOT
 from tools.lock import canonical, read_pyproject, requirement_name
 
-OWN = {"app", "tools", "tests", "bench"}
+OWN = {"app", "tools", "tests", "bench", "examples"}
 PROVIDED = {"triton_python_backend_utils"}  # Triton's python backend provides it to the models it runs
 
 
