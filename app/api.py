@@ -85,7 +85,8 @@ def _predict(content_type: str) -> Response:
                            max_field_bytes=current_app.config["MAX_FORM_MEMORY_SIZE"])
     settings = shim().settings
     forced = request.headers.get(BACKEND_HEADER) if settings.override_header else None
-    ctx = RequestContext(request_id=g.request_id, routing_key=_routing_key(settings.canary_header),
+    ctx = RequestContext(request_id=g.request_id,
+                         routing_key=request.headers.get(settings.canary_header) or request.remote_addr or "",
                          forced_backend=forced)
     metrics.INFLIGHT.inc()
     try:
@@ -100,12 +101,6 @@ def _predict(content_type: str) -> Response:
     if answer.fallback_reason:
         g.fallback = answer.fallback_reason
     return response
-
-
-def _routing_key(header: str) -> str:
-    """The canary targeting key: the configured header, else the first forwarded client, else the peer."""
-    forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
-    return request.headers.get(header) or forwarded or request.remote_addr or ""
 
 
 @bp.get("/healthz")
