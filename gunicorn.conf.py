@@ -9,11 +9,13 @@ import shutil
 import sys
 import tempfile
 
+from app.capabilities import check_start, legacy_lacks
 from app.logs import gunicorn_logconfig
 from app.settings import Settings, SettingsError
 
 try:
     _settings = Settings.from_env()
+    check_start(_settings, legacy_lacks(_settings.legacy_model_path))  # e.g. SHIM_MODE=legacy without torch
 except SettingsError as _error:
     sys.stderr.write(f"flask-triton-shim: {_error}\n")
     sys.exit(2)

@@ -121,7 +121,10 @@ def readyz() -> tuple[Response, int]:
 def traffic() -> Response:
     """Read-only: the mode in force in this worker, where it came from, the circuit's state."""
     router = shim().router
-    return jsonify(describe(router.flag.current(), router))
+    state = router.flag.current()
+    response = jsonify(describe(state, router))
+    response.headers["ETag"] = state.etag  # send it back in If-Match to change exactly this state
+    return response
 
 
 @bp.put("/admin/traffic")
@@ -132,9 +135,11 @@ def change_traffic() -> Response:
     if not isinstance(changes, dict):
         raise InvalidRequest("send a JSON object, e.g. {\"mode\": \"canary\", \"canary_percent\": 10}")
     router = shim().router
-    state = router.flag.write(changes, updated_by="admin-api")
+    state = router.flag.write(changes, updated_by="admin-api", if_match=request.headers.get("If-Match"))
     log.warning("traffic changed through the admin API: %s", state.to_json(), extra={"client": request.remote_addr})
-    return jsonify(describe(state, router))
+    response = jsonify(describe(state, router))
+    response.headers["ETag"] = state.etag
+    return response
 
 
 def _require_admin() -> None:

@@ -27,13 +27,12 @@ from app.breaker import CircuitBreaker
 from app.errors import BackendError, CircuitOpen
 from app.preprocess import Prepared
 from app.rollback import AutoRollback
-from app.settings import Mode
+from app.settings import MODES_USING_LEGACY, Mode
 from app.shadow import ShadowRunner
 from app.traffic import TrafficFlag, TrafficState, bucket
 
 log = logging.getLogger(__name__)
 LEGACY, TRITON = "legacy", "triton"
-MODES_USING_LEGACY = {Mode.LEGACY, Mode.SHADOW, Mode.CANARY}
 
 
 @dataclass(frozen=True)

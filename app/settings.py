@@ -35,6 +35,9 @@ class Mode(enum.StrEnum):
     CANARY = "canary"    # a sticky share of clients is answered by Triton, the rest by legacy
 
 
+MODES_USING_LEGACY = frozenset({Mode.LEGACY, Mode.SHADOW, Mode.CANARY})  # they need the legacy backend
+
+
 def _env(name: str) -> str:
     return PREFIX + name.upper()
 

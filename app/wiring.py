@@ -7,15 +7,16 @@ from dataclasses import dataclass
 
 from app import metrics
 from app.admission import Admission
-from app.backends.base import Backend
+from app.backends.base import Backend, MayLack
 from app.batching import Batcher, Upstream
 from app.breaker import CircuitBreaker
+from app.capabilities import check_start
 from app.capture import Capture
 from app.preprocess import ImageSpec, configure_pillow
 from app.rollback import AutoRollback
-from app.routing import LEGACY, MODES_USING_LEGACY, TRITON, Router
+from app.routing import LEGACY, TRITON, Router
 from app.service import PredictService, load_labels
-from app.settings import Settings
+from app.settings import MODES_USING_LEGACY, Settings
 from app.shadow import ShadowRunner
 from app.traffic import TrafficFlag, TrafficState
 
@@ -56,6 +57,9 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     configure_pillow(spec)
     labels = load_labels(settings.labels_path)
     chosen = dict(backends) if backends is not None else build_backends(settings, spec, len(labels))
+    legacy = chosen[LEGACY]
+    legacy_lacks = legacy.missing if isinstance(legacy, MayLack) else lambda: None
+    check_start(settings, legacy_lacks())  # gunicorn's master checked it already; other servers stop here
     upstream = Upstream()
     delay_s = settings.batch_delay_ms / 1000
     batchers = {
@@ -71,7 +75,7 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
                           top_k=settings.top_k, logs_per_minute=settings.shadow_log_per_minute)
     initial = TrafficState(mode=settings.mode, canary_percent=settings.canary_percent,
                            shadow_percent=settings.shadow_percent)
-    flag = TrafficFlag(settings.flag_file, initial, poll_s=settings.flag_poll_s)
+    flag = TrafficFlag(settings.flag_file, initial, poll_s=settings.flag_poll_s, legacy_lacks=legacy_lacks)
     rollback = AutoRollback(flag, error_rate=settings.rollback_error_rate, window_s=settings.rollback_window_s,
                             min_requests=settings.rollback_min_requests) if settings.auto_rollback else None
     router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=settings.fallback,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -48,3 +48,11 @@ class Backend(Protocol):
     def ready(self) -> Readiness: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class MayLack(Protocol):
+    """A backend that may be unable to run in this image at all (the legacy one, without torch)."""
+
+    def missing(self) -> str | None:
+        """What it lacks here (named for a person), or None."""
