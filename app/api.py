@@ -112,7 +112,8 @@ def healthz() -> Response:
 def readyz() -> tuple[Response, int]:
     report = shim().router.readiness()
     body = {"ready": report.ready, "mode": report.mode.value,
-            "backends": {name: {"ready": s.ready, "detail": s.detail} for name, s in report.backends.items()},
+            "backends": {name: {"ready": s.ready, "detail": s.detail, "age_s": s.age_s}
+                         for name, s in report.backends.items()},
             "transport": report.transport}
     return jsonify(body), 200 if report.ready else 503
 

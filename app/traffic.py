@@ -146,6 +146,7 @@ class TrafficFlag:
         self._checked = 0.0
         self._error: str | None = None
         self._lock = threading.Lock()
+        self.on_change: Callable[[TrafficState], None] = lambda state: None  # this worker's state changed
         self._publish(default)
 
     @property
@@ -284,8 +285,10 @@ class TrafficFlag:
             log.info("traffic mode %s (canary %d%%, shadow %d%%) from %s%s", state.mode.value, state.canary_percent,
                      state.shadow_percent, state.source, f": {state.reason}" if state.reason else "",
                      extra={"traffic": state.to_json()})
-        self._state = state
+        changed, self._state = state != self._state, state
         self._publish(state)
+        if changed:
+            self.on_change(state)
 
     @staticmethod
     def _publish(state: TrafficState) -> None:

@@ -13,6 +13,7 @@ from app.breaker import CircuitBreaker
 from app.capabilities import check_start
 from app.capture import Capture
 from app.preprocess import ImageSpec, configure_pillow
+from app.readiness import SharedCheck
 from app.rollback import AutoRollback
 from app.routing import LEGACY, TRITON, Router
 from app.service import PredictService, load_labels
@@ -67,9 +68,14 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
         # In-process torch already uses every core for one batch: one sender.
         LEGACY: Batcher(chosen[LEGACY], upstream, max_delay_s=delay_s, senders=1),
     }
-    triton_backend = chosen[TRITON]
+    triton_check = SharedCheck(chosen[TRITON].ready, deadline_s=settings.readiness_timeout_s)
+
+    def triton_healthy() -> bool:  # the breaker's watcher: Triton answered a check made for it
+        checked = triton_check()
+        return checked.fresh and checked.readiness.ready
+
     breaker = CircuitBreaker(TRITON, failures=settings.breaker_failures, reset_s=settings.breaker_reset_s,
-                             health=lambda: triton_backend.ready().ready)
+                             health=triton_healthy)
     shadow = ShadowRunner(batchers[TRITON], breaker, max_inflight=settings.shadow_max_inflight,
                           timeout_s=settings.shadow_timeout_s, tolerance=settings.shadow_tolerance,
                           top_k=settings.top_k, logs_per_minute=settings.shadow_log_per_minute)
@@ -79,7 +85,7 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     rollback = AutoRollback(flag, error_rate=settings.rollback_error_rate, window_s=settings.rollback_window_s,
                             min_requests=settings.rollback_min_requests) if settings.auto_rollback else None
     router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=settings.fallback,
-                    timeout_s=settings.triton_timeout_s, rollback=rollback)
+                    timeout_s=settings.triton_timeout_s, rollback=rollback, triton_check=triton_check)
     if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
         chosen[LEGACY].start()  # load now, in the background, rather than on the first request
     admission = Admission(max_pending=settings.max_pending, slots=settings.decode_slots,

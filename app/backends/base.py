@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 class Readiness:
     ready: bool
     detail: str  # what a person reading /readyz needs to know, in one line
+    age_s: float = 0.0  # how old the answer is: 0 when it was checked for this call (app/readiness.py)
 
 
 FP32, UINT8 = "fp32", "uint8"
