@@ -68,7 +68,7 @@ def test_a_hundred_open_and_recover_cycles_use_one_health_watcher_thread() -> No
         watchers.add(threading.current_thread())
         return True
 
-    breaker = CircuitBreaker("fake", failures=1, reset_s=60, health=health, health_interval_s=0.001)
+    breaker = CircuitBreaker("cycled", failures=1, reset_s=60, health=health, health_interval_s=0.001)
     try:
         for cycle in range(100):
             breaker.record_failure()
@@ -76,8 +76,8 @@ def test_a_hundred_open_and_recover_cycles_use_one_health_watcher_thread() -> No
                        interval_s=0.001)
             assert breaker.allow()
             breaker.record_success()
-        threads = [t for t in threading.enumerate() if t.name == "breaker-fake"]
+        threads = [t for t in threading.enumerate() if t.name == "breaker-cycled"]
         assert len(threads) == 1 and len(watchers) == 1, (threads, watchers)
     finally:
         breaker.close()
-    wait_until(lambda: not any(t.name == "breaker-fake" for t in threading.enumerate()), 10, "the watcher to stop")
+    wait_until(lambda: not any(t.name == "breaker-cycled" for t in threading.enumerate()), 10, "the watcher to stop")
