@@ -45,7 +45,7 @@ def build_backends(settings: Settings, spec: ImageSpec, classes: int) -> dict[st
             connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
             readiness_timeout_s=settings.readiness_timeout_s, image_shape=spec.shape, classes=classes,
             max_batch_size=settings.max_batch_size, transport=settings.transport, uint8_model=settings.uint8_model,
-            shm_mode=settings.shm_mode_bits),
+            shm_mode=settings.shm_mode_bits, admin_headers=settings.triton_admin_headers),
         LEGACY: LegacyBackend(model_path=settings.legacy_model_path, threads=settings.legacy_threads,
                               max_batch_size=settings.max_batch_size, image_shape=spec.shape),
     }

@@ -140,10 +140,12 @@ def make_test_repo(dest: Path, model_pt: Path, *, only_resnet50: bool = False) -
     return dest
 
 
-def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None) -> EmbeddedTriton:
+def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None,
+                 admin_key: str = "") -> EmbeddedTriton:
+    """`admin_key`: Triton's model-repository and shared-memory APIs need it, as `make run` starts Triton."""
     http, grpc, metrics = ports or free_ports(3)
     config = EmbeddedTritonConfig(model_repository=repo, cache_dir=cache_dir, http_port=http,
-                                  grpc_port=grpc, metrics_port=metrics, startup_timeout_s=240)
+                                  grpc_port=grpc, metrics_port=metrics, startup_timeout_s=240, admin_key=admin_key)
     return EmbeddedTriton(config).start()
 
 

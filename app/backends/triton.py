@@ -309,7 +309,11 @@ class TritonBackend:
         except BackendError as e:
             if not _answered(e):
                 raise
-            return False, f"HTTP: Triton cannot map this host's /dev/shm ({e.message.split(': ', 1)[-1]})"
+            why = e.message.split(": ", 1)[-1]
+            if "restricted" in why.lower():  # Triton runs with --http-restricted-api=shared-memory,...:<key>
+                return False, (f"HTTP: Triton's shared memory API wants its admin key ({why}); set "
+                               "SHIM_TRITON_ADMIN_KEY or SHIM_TRITON_ADMIN_KEY_FILE (and SHIM_TRITON_ADMIN_HEADER)")
+            return False, f"HTTP: Triton cannot map this host's /dev/shm ({why})"
         finally:
             region.close()
         self._sweep(clients, removed)  # Triton maps this /dev/shm: its registry's leftovers are ours to judge

@@ -204,7 +204,7 @@ class InProcess:
             connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
             readiness_timeout_s=settings.readiness_timeout_s, image_shape=self.spec.shape, classes=len(self.labels),
             max_batch_size=1, transport=settings.transport, uint8_model=settings.uint8_model,
-            shm_mode=settings.shm_mode_bits)
+            shm_mode=settings.shm_mode_bits, admin_headers=settings.triton_admin_headers)
         self._triton_info = ""
 
     def check(self) -> None:
