@@ -42,6 +42,7 @@ from tritonclient.utils import InferenceServerException
 from app import metrics
 from app.backends import shm
 from app.backends.base import FP32, UINT8, Readiness
+from app.backends.ensemble import pin_problem
 from app.backends.regions import Pair, SenderPairs
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, ModelMismatch
 from app.preprocess import Prepared
@@ -74,6 +75,7 @@ class Route:
     kind: str  # FP32 or UINT8
     shm: bool
     why: str  # how it was chosen, for /readyz
+    version: str = ""  # the version asked of `model`: the pin for the classifier, never for an ensemble
 
     def image_shape(self, crop: int) -> tuple[int, int, int]:
         return (3, crop, crop) if self.kind == FP32 else (crop, crop, 3)
@@ -193,7 +195,7 @@ class TritonBackend:
         """The model ready on Triton, its metadata checked (again, every few seconds: a reload may change it)."""
         try:
             route = self._settle(self._probes, wait=False)
-            if not self._call(self._probes, lambda c: c.is_model_ready(route.model, self.version)):
+            if not self._call(self._probes, lambda c: c.is_model_ready(route.model, route.version)):
                 return Readiness(False, f"{self._where(route)} is not ready")
             spec = self._spec
             if spec is None or time.monotonic() - self._spec_checked > SPEC_RECHECK_S:
@@ -278,6 +280,7 @@ class TritonBackend:
         transport = {(FP32, False): "http", (FP32, True): "shm", (UINT8, False): "uint8",
                      (UINT8, True): "uint8-shm"}[(kind, shared)]
         return Route(transport=transport, model=self.uint8_model if pixels else self.model, kind=kind, shm=shared,
+                     version="" if pixels else self.version,
                      why="; ".join(w for w in (why_kind, why_channel) if w))
 
     def _normalises_on_gpu(self, clients: _Clients) -> tuple[bool, str]:
@@ -293,6 +296,9 @@ class TritonBackend:
             return False, f"tensors: no usable {self.uint8_model} ({e.message.split(': ', 1)[-1]})"
         kinds = {g.get("kind", "KIND_AUTO") for g in first_config.get("instance_group", [])}
         if "KIND_GPU" in kinds:
+            problem = pin_problem(config, ensemble=self.uint8_model, classifier=self.model, pin=self.version)
+            if problem:
+                return False, f"tensors: {problem.split(': set ', 1)[0]}"
             return True, f"pixels: {first} normalises them on a GPU"
         return False, f"tensors: {first} would normalise them on {'/'.join(sorted(kinds)) or 'KIND_AUTO'}"
 
@@ -330,7 +336,8 @@ class TritonBackend:
         with self._route_lock:
             if self._route is route:
                 self._route = Route(transport="uint8" if route.kind == UINT8 else "http", model=route.model,
-                                    kind=route.kind, shm=False, why=f"{route.why}; then HTTP: {reason}")
+                                    kind=route.kind, shm=False, why=f"{route.why}; then HTTP: {reason}",
+                                    version=route.version)
                 log.error("shared memory stopped working (%s): this worker sends over HTTP from now on", reason)
                 metrics.publish_transport(self._route.transport)
             return self._route if self._route is not None else route
@@ -342,7 +349,7 @@ class TritonBackend:
         tensor = httpclient.InferInput(spec.input_name, list(batch.shape), TRITON_DTYPE[route.kind])
         tensor.set_data_from_numpy(batch, binary_data=True)
         wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
-        result = self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=self.version,
+        result = self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=route.version,
                                                              outputs=[wanted], request_id=request_id))
         self._log_answer(result, len(batch))
         return self._checked(result.as_numpy(spec.output_name), len(batch), route)
@@ -360,7 +367,7 @@ class TritonBackend:
 
         def send() -> Any:
             try:
-                return self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=self.version,
+                return self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=route.version,
                                                                    outputs=[wanted], request_id=request_id))
             except BaseException as e:
                 if not (isinstance(e, BackendError) and _answered(e)):
@@ -451,8 +458,8 @@ class TritonBackend:
     # -- checking and translating ---------------------------------------------------------------------------
 
     def _where(self, route: Route | None = None) -> str:
-        model = route.model if route is not None else self.model
-        return f"Triton model '{model}'{f' version {self.version}' if self.version else ''} at {self.url}"
+        model, version = (route.model, route.version) if route is not None else (self.model, self.version)
+        return f"Triton model '{model}'{f' version {version}' if version else ''} at {self.url}"
 
     def _checked(self, logits: npt.NDArray[Any] | None, n: int, route: Route) -> npt.NDArray[np.float32]:
         if logits is None or logits.shape != (n, self._classes):
@@ -467,9 +474,13 @@ class TritonBackend:
                       extra={"triton_request_id": result.get_response().get("id", "")})
 
     def _fetch_spec(self, clients: _Clients, route: Route) -> ModelSpec:
-        meta = self._call(clients, lambda c: c.get_model_metadata(route.model, self.version))
-        config = self._call(clients, lambda c: c.get_model_config(route.model, self.version))
+        meta = self._call(clients, lambda c: c.get_model_metadata(route.model, route.version))
+        config = self._call(clients, lambda c: c.get_model_config(route.model, route.version))
         try:
+            problem = None if route.model == self.model else pin_problem(
+                config, ensemble=route.model, classifier=self.model, pin=self.version)
+            if problem:  # the ensemble would run another version of the classifier than the one pinned
+                raise ModelMismatch(f"{self._where(route)}: {problem}", backend=NAME)
             spec = check_model(meta, config, image_shape=route.image_shape(self._crop), classes=self._classes,
                                where=self._where(route), datatype=TRITON_DTYPE[route.kind])
         except ModelMismatch as e:
