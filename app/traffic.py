@@ -173,11 +173,11 @@ class TrafficFlag:
         try:
             with self._writers_lock(path):
                 latest = self._latest()
+                state = latest.with_changes(changes, updated_by=updated_by)  # a bad update is a 400 first
                 if if_match is not None and not _matches(if_match, latest.etag):
                     raise PreconditionFailed(f"the traffic state changed since it was read: it is revision "
                                              f"{latest.revision} now, ETag {latest.etag}; GET /traffic and "
                                              "decide again")
-                state = latest.with_changes(changes, updated_by=updated_by)
                 state = replace(state, revision=latest.revision + 1, source="flag-file")
                 self._check_backends(state)
                 body = {k: v for k, v in state.to_json().items() if k != "source"}
