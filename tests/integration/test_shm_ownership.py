@@ -73,7 +73,8 @@ def test_a_new_worker_sweeps_what_gone_owners_left_under_any_host_name_and_keeps
     try:
         if shutil.which("unshare") and _can_unshare():
             assert (left["host"], left["pid"]) == (OTHER_HOST, 1), left  # another host name, a repeated pid
-        assert (shm.SHM_DIR / left["name"]).exists() and left["name"] in registered(triton)
+        # Not asserted to be still there: any sweeper may have removed it already (the master of another shim
+        # of this test session, when one of its workers exits). Whoever sweeps, it must go, and the live one stay.
 
         backend = TritonBackend(url=triton.http_url, model="resnet50", version="", connect_timeout_s=1,
                                 network_timeout_s=30, readiness_timeout_s=10, image_shape=(3, 224, 224),
