@@ -136,7 +136,7 @@ $(PROD_VENV)/.installed: pyproject.toml requirements/prod-test.txt requirements/
 	touch $@
 
 test-prod: $(PROD_VENV)/.installed install
-	env -u PYTHONDONTWRITEBYTECODE SHIM_TEST_ENV=production $(PROD_PY) -m pytest -m prod $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE TESTS_ENV=production $(PROD_PY) -m pytest -m prod $(PYTEST_ARGS)
 
 # Every lock file of requirements/ from pyproject.toml (tools/lock.py says how they chain), with uv from
 # its own locked virtualenv. Needs PyPI; it never reads pip's configuration or a local index. It keeps the

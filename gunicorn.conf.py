@@ -9,13 +9,15 @@ import shutil
 import sys
 import tempfile
 
+from app.capabilities import check_start, legacy_lacks
 from app.description import resolve
 from app.logs import gunicorn_logconfig
 from app.settings import Settings, SettingsError
 
 try:
     _settings = Settings.from_env()
-    resolve(_settings)  # the model's description and labels: a wrong one stops the master too
+    served = resolve(_settings)  # the model's description and labels: a wrong one stops the master too
+    check_start(_settings, legacy_lacks(served.legacy_model_path))  # e.g. SHIM_MODE=legacy without torch
 except SettingsError as _error:
     sys.stderr.write(f"flask-triton-shim: {_error}\n")
     sys.exit(2)
@@ -61,13 +63,14 @@ def on_starting(server):
 
 
 def child_exit(server, worker):
-    from app.backends.shm import forget_worker
+    from app.backends.shm import forget_dead_owners
     from app.metrics import mark_worker_dead
 
     mark_worker_dead(worker.pid)
     if _settings.transport in ("auto", "shm", "uint8-shm"):
-        # A worker that was killed could not unregister its shared memory: the master does it for it.
-        forget_worker(_settings.triton_host_port, worker.pid)
+        # A worker that was killed could not unregister its shared memory: the master does it for it (and for
+        # any other owner that is gone: its flock on its lock file in /dev/shm went with its process).
+        forget_dead_owners(_settings.triton_host_port, _settings.triton_admin_headers)
 
 
 def worker_exit(server, worker):

@@ -35,4 +35,8 @@ def create_app(settings: Settings | None = None, *, backends: Mapping[str, Backe
     app.json.sort_keys = False  # type: ignore[attr-defined]  # answers keep the contract's key order
     app.extensions["shim"] = build_shim(settings, backends)
     api.register(app)
+    if settings.proxy_hops:  # the client's address as the trusted proxies saw it; a client's own X-Forwarded-For
+        from werkzeug.middleware.proxy_fix import ProxyFix  # entries are never used (left of what they added)
+
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=settings.proxy_hops)  # type: ignore[method-assign]
     return app

@@ -86,7 +86,8 @@ def _predict(content_type: str) -> Response:
                            max_field_bytes=current_app.config["MAX_FORM_MEMORY_SIZE"])
     settings = shim().settings
     forced = request.headers.get(BACKEND_HEADER) if settings.override_header else None
-    ctx = RequestContext(request_id=g.request_id, routing_key=_routing_key(settings.canary_header),
+    ctx = RequestContext(request_id=g.request_id,
+                         routing_key=request.headers.get(settings.canary_header) or request.remote_addr or "",
                          forced_backend=forced)
     metrics.INFLIGHT.inc()
     try:
@@ -103,12 +104,6 @@ def _predict(content_type: str) -> Response:
     return response
 
 
-def _routing_key(header: str) -> str:
-    """The canary targeting key: the configured header, else the first forwarded client, else the peer."""
-    forwarded = request.headers.get("X-Forwarded-For", "").split(",")[0].strip()
-    return request.headers.get(header) or forwarded or request.remote_addr or ""
-
-
 @bp.get("/healthz")
 def healthz() -> Response:
     return jsonify(status="ok")
@@ -118,7 +113,8 @@ def healthz() -> Response:
 def readyz() -> tuple[Response, int]:
     report = shim().router.readiness()
     body = {"ready": report.ready, "mode": report.mode.value,
-            "backends": {name: {"ready": s.ready, "detail": s.detail} for name, s in report.backends.items()},
+            "backends": {name: {"ready": s.ready, "detail": s.detail, "age_s": s.age_s}
+                         for name, s in report.backends.items()},
             "transport": report.transport}
     return jsonify(body), 200 if report.ready else 503
 
@@ -127,7 +123,10 @@ def readyz() -> tuple[Response, int]:
 def traffic() -> Response:
     """Read-only: the mode in force in this worker, where it came from, the circuit's state."""
     router = shim().router
-    return jsonify(describe(router.flag.current(), router))
+    state = router.flag.current()
+    response = jsonify(describe(state, router))
+    response.headers["ETag"] = state.etag  # send it back in If-Match to change exactly this state
+    return response
 
 
 @bp.put("/admin/traffic")
@@ -138,9 +137,11 @@ def change_traffic() -> Response:
     if not isinstance(changes, dict):
         raise InvalidRequest("send a JSON object, e.g. {\"mode\": \"canary\", \"canary_percent\": 10}")
     router = shim().router
-    state = router.flag.write(changes, updated_by="admin-api")
+    state = router.flag.write(changes, updated_by="admin-api", if_match=request.headers.get("If-Match"))
     log.warning("traffic changed through the admin API: %s", state.to_json(), extra={"client": request.remote_addr})
-    return jsonify(describe(state, router))
+    response = jsonify(describe(state, router))
+    response.headers["ETag"] = state.etag
+    return response
 
 
 def _require_admin() -> None:

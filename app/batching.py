@@ -103,12 +103,19 @@ class Batcher:
                 raise BackendUnavailable("the shim is shutting down", backend=self.backend.name)
             self._queue.append(pending)
             self._cond.notify_all()
+        name = self.backend.name
         try:
             return pending.future.result(timeout=max(0.0, timeout_s))
         except FutureTimeout:
-            pending.future.cancel()  # still queued: no sender will take it; already sent: its answer is dropped
-            raise BackendTimeout(f"no answer from {self.backend.name} within {timeout_s:.3g} s",
-                                 backend=self.backend.name) from None
+            # Still queued: no sender will take it (a timeout in the shim's own queue); already sent: its
+            # answer is dropped when it comes. Each request is counted once, by what it was answered.
+            queued = pending.future.cancel()
+            metrics.BACKEND_ERRORS.labels(name, "queue_timeout" if queued else BackendTimeout.code).inc()
+            where = "while queued in the shim" if queued else "(sent, still waiting for the answer)"
+            raise BackendTimeout(f"no answer from {name} within {timeout_s:.3g} s {where}", backend=name) from None
+        except BackendError as e:
+            metrics.BACKEND_ERRORS.labels(name, e.code).inc()
+            raise
 
     def _direct(self, image: Prepared, request_id: str) -> npt.NDArray[np.float32]:
         """One image, one backend call, in this thread (its client's network timeout bounds the wait)."""
@@ -223,8 +230,5 @@ class Batcher:
     def _fail(self, batch: list[_Pending], error: BackendError) -> None:
         """Every request of `batch` not answered yet raises its own copy of `error`."""
         error.backend = self.backend.name
-        unanswered = [p for p in batch if not p.future.done()]
-        if unanswered:
-            metrics.BACKEND_ERRORS.labels(self.backend.name, error.code).inc(len(unanswered))
-        for pending in unanswered:
+        for pending in [p for p in batch if not p.future.done()]:  # counted by submit(), the request's own
             pending.future.set_exception(error.copy())

@@ -11,7 +11,10 @@ Triton call at a time per worker and defeat batching; `circuitbreaker` takes no 
 
 While the circuit is open, a background thread asks `health` every `health_interval_s` (a readiness
 check with its own short timeouts), so that a backend that comes back is used again within about a
-second, not after the whole cool-down. Time comes from `clock` (time.monotonic unless a test passes its own).
+second, not after the whole cool-down. It is one thread for the breaker's whole life, started at the first
+opening and waiting between openings: a thread per opening would leave its backend client behind each
+time (tritonclient clients are per thread). `on_change` is told of every change of state (the router
+publishes the circuit's gauge from it). Time comes from `clock` (time.monotonic unless a test passes its own).
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-
-from app import metrics
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -36,6 +37,7 @@ class CircuitBreaker:
         self._health = health
         self._health_interval_s = health_interval_s
         self._watcher: threading.Thread | None = None
+        self.on_change: Callable[[], None] = lambda: None
         self._max_failures = failures
         self._reset_s = reset_s
         self._clock = clock
@@ -43,7 +45,9 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._probing = False
+        self._closed = False
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # the watcher waits on it between openings
 
     @property
     def state(self) -> str:
@@ -74,40 +78,64 @@ class CircuitBreaker:
     def probe_now(self) -> None:
         """The backend answered a health check: let the next call probe it without waiting out reset_s."""
         with self._lock:
-            if self._state == self.OPEN:
-                self._state, self._probing = self.HALF_OPEN, False
+            if self._state != self.OPEN:
+                return
+            self._state, self._probing = self.HALF_OPEN, False
+            self._changed.notify_all()
+        self.on_change()
 
     def record_success(self) -> None:
         with self._lock:
             self._failures = 0
-            if self._state != self.CLOSED:
-                self._state, self._probing = self.CLOSED, False
-                log.info("circuit to %s closed: the probe succeeded", self.name)
-                metrics.CIRCUIT_OPEN.labels(self.name).set(0)
+            if self._state == self.CLOSED:
+                return
+            self._state, self._probing = self.CLOSED, False
+            self._changed.notify_all()
+        log.info("circuit to %s closed: the probe succeeded", self.name)
+        self.on_change()
 
     def record_failure(self, *, count: int = 1) -> None:
         """`count` failed calls (the requests of a failed batch each count)."""
         with self._lock:
             self._failures += count
-            if self._state == self.HALF_OPEN or (self._state == self.CLOSED
-                                                 and self._failures >= self._max_failures):
-                self._state, self._probing, self._opened_at = self.OPEN, False, self._clock()
-                log.warning("circuit to %s opened after %d consecutive failures; next probe in %.0f s",
-                            self.name, self._failures, self._reset_s)
-                metrics.CIRCUIT_OPEN.labels(self.name).set(1)
-                self._watch()
+            if not (self._state == self.HALF_OPEN or (self._state == self.CLOSED
+                                                      and self._failures >= self._max_failures)):
+                return
+            self._state, self._probing, self._opened_at = self.OPEN, False, self._clock()
+            failures = self._failures
+            self._watch()
+            self._changed.notify_all()
+        log.warning("circuit to %s opened after %d consecutive failures; next probe in %.0f s",
+                    self.name, failures, self._reset_s)
+        self.on_change()
+
+    def close(self) -> None:
+        """Stop the health watcher (the worker is shutting down)."""
+        with self._lock:
+            self._closed = True
+            self._changed.notify_all()
 
     def _watch(self) -> None:
-        """Start the health watcher unless one runs (called with the lock held)."""
-        if self._health is None or (self._watcher is not None and self._watcher.is_alive()):
-            return
-        self._watcher = threading.Thread(target=self._watch_health, name=f"breaker-{self.name}", daemon=True)
-        self._watcher.start()
+        """Start the health watcher the first time the circuit opens (called with the lock held)."""
+        if self._health is not None and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_health, name=f"breaker-{self.name}", daemon=True)
+            self._watcher.start()
+
+    def _cooling(self) -> bool:
+        """Open and still within the cool-down (called with the lock held)."""
+        return self._state == self.OPEN and self._clock() - self._opened_at < self._reset_s
 
     def _watch_health(self) -> None:
         assert self._health is not None
-        stop = threading.Event()
-        while self.state == self.OPEN and not stop.wait(self._health_interval_s):
+        while True:
+            with self._lock:
+                while not self._cooling() and not self._closed:
+                    self._changed.wait()
+                if self._closed:
+                    return
+                self._changed.wait(self._health_interval_s)  # a change (or close) wakes it early
+                if not self._cooling() or self._closed:
+                    continue
             try:
                 healthy = self._health()
             except Exception:  # the watcher's outermost frame: a failing check is a "not yet"
@@ -116,4 +144,3 @@ class CircuitBreaker:
             if healthy:
                 log.info("%s answers its health check again: the next call probes it", self.name)
                 self.probe_now()
-                return

@@ -11,7 +11,9 @@ translates them into the contract's error body at the edge, and nowhere else.
     │   └── InvalidTraffic (invalid_traffic)  a traffic update the admin API or flag file refuses
     ├── Unauthorized (401)                 admin API without a bearer token
     ├── Forbidden (403)                    admin API with a wrong token, or switched off
-    ├── FlagNotWritable (409)              the flag file is read-only here (a ConfigMap)
+    ├── FlagNotWritable (409)              the flag file is read-only here (a ConfigMap), or there is none
+    ├── LegacyUnavailable (409)            a mode that needs the legacy backend, which this image lacks
+    ├── PreconditionFailed (412)           If-Match names a traffic state that is no longer the latest
     ├── TooLarge (413 too_large)           upload bytes, form parts or image pixels over the limits
     ├── Overloaded (503 overloaded)        this worker's /predict queue is full; comes with Retry-After
     └── BackendError (502 backend_error)   a backend failed to answer; names the backend
@@ -104,6 +106,18 @@ class FlagNotWritable(ShimError):
     status = 409
     code = "flag_not_writable"
     default_message = "the traffic flag file cannot be written here"
+
+
+class LegacyUnavailable(ShimError):
+    status = 409
+    code = "legacy_unavailable"
+    default_message = "this mode needs the legacy backend, which this image lacks"
+
+
+class PreconditionFailed(ShimError):
+    status = 412
+    code = "precondition_failed"
+    default_message = "the traffic state changed since it was read"
 
 
 class TooLarge(ShimError):

@@ -36,7 +36,9 @@ BATCH_SIZE = Histogram(
     "shim_batch_size", "Images per backend call made by the shim's batcher", ["backend"],
     buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
 BACKEND_ERRORS = Counter(
-    "shim_backend_errors", "Requests whose backend call failed, by backend and error code", ["backend", "code"])
+    "shim_backend_errors", "Requests a backend did not answer, by backend and code: backend_unavailable, "
+    "backend_timeout (sent, no answer in time), backend_error, queue_timeout (timed out in the shim's own batch "
+    "queue, never sent), circuit_open (refused while the circuit breaker is open)", ["backend", "code"])
 CAPTURED = Counter(
     "shim_captured_uploads", "Accepted uploads offered to SHIM_CAPTURE_DIR, by result: kept, skipped (over the rate), "
     "error", ["result"])
@@ -58,7 +60,8 @@ TRAFFIC_MODE = Gauge(
 CANARY_PERCENT = Gauge(
     "shim_canary_percent", "Share of clients routed to Triton in canary mode", multiprocess_mode="liveall")
 CIRCUIT_OPEN = Gauge(
-    "shim_circuit_open", "1 while the circuit breaker keeps requests away from the backend",
+    "shim_circuit_open", "1 while the circuit breaker keeps requests of the traffic in force away from the "
+    "backend; 0 when it is closed or when that traffic sends none there (legacy mode, a share of 0)",
     ["backend"], multiprocess_mode="liveall")
 ENCODED_CPU_PATH = Counter(
     "shim_encoded_cpu_path", "Uploads that the encoded transport decoded in the shim instead of forwarding them to "
@@ -77,6 +80,7 @@ FALLBACK_REASONS = ("backend_unavailable", "backend_timeout", "backend_error", "
 SHADOW_RESULTS = ("match", "mismatch", "error", "skipped")
 ENCODED_REASONS = ("format", "jpeg_mode", "limits", "unreadable", "decoder_refused")  # app/sniff.py
 _THREAD = threading.local()
+BACKEND_ERROR_CODES = ("backend_unavailable", "backend_timeout", "backend_error", "queue_timeout", "circuit_open")
 
 
 def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
@@ -94,7 +98,7 @@ def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
         for part in CPU_PARTS:
             CPU_SECONDS.labels(part, backend)
         CIRCUIT_OPEN.labels(backend).set(0)
-        for code in ("backend_unavailable", "backend_timeout", "backend_error"):
+        for code in BACKEND_ERROR_CODES:
             BACKEND_ERRORS.labels(backend, code)
 
 

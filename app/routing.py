@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,14 +27,14 @@ from app.batching import Batcher
 from app.breaker import CircuitBreaker
 from app.errors import BackendError, CircuitOpen, DecodeRefused
 from app.preprocess import Prepared
+from app.readiness import SharedCheck
 from app.rollback import AutoRollback
-from app.settings import Mode
+from app.settings import MODES_USING_LEGACY, Mode
 from app.shadow import ShadowRunner
 from app.traffic import TrafficFlag, TrafficState, bucket
 
 log = logging.getLogger(__name__)
 LEGACY, TRITON = "legacy", "triton"
-MODES_USING_LEGACY = {Mode.LEGACY, Mode.SHADOW, Mode.CANARY}
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,16 @@ class ReadinessReport:
     transport: str | None  # how this worker sends to Triton, when the mode uses it
 
 
+def sends_to_triton(state: TrafficState) -> bool:
+    """Does the traffic in force send any request to Triton? (Not legacy, nor a canary or shadow share of 0.)"""
+    return {Mode.LEGACY: False, Mode.TRITON: True, Mode.CANARY: state.canary_percent > 0,
+            Mode.SHADOW: state.shadow_percent > 0}[state.mode]
+
+
 class Router:
     def __init__(self, *, flag: TrafficFlag, batchers: dict[str, Batcher], breaker: CircuitBreaker,
-                 shadow: ShadowRunner, fallback: bool, timeout_s: float, rollback: AutoRollback | None = None) -> None:
+                 shadow: ShadowRunner, fallback: bool, timeout_s: float, rollback: AutoRollback | None = None,
+                 triton_check: SharedCheck | None = None) -> None:
         self.flag = flag
         self.breaker = breaker
         self.fallback = fallback
@@ -78,10 +86,26 @@ class Router:
         self._shadow = shadow
         self._timeout_s = timeout_s  # the longest a request waits for its backend (queue + call)
         self._rollback = rollback
+        self._triton_check = triton_check or SharedCheck(batchers[TRITON].backend.ready, deadline_s=timeout_s)
+        self._circuit_shown: int | None = None
+        self._circuit_lock = threading.Lock()
+        breaker.on_change = self._show_circuit
+        flag.on_change = self._show_circuit  # a switch away from Triton (or back) changes what the gauge says
+        self._show_circuit()
 
     @property
     def mode(self) -> Mode:
         return self.flag.current().mode
+
+    def _show_circuit(self, state: TrafficState | None = None) -> None:
+        """shim_circuit_open: 1 while the breaker keeps requests of the traffic in force away from Triton;
+        0 when it is closed, and when that traffic sends nothing to Triton (legacy, a share of 0 after a
+        rollback): an open circuit there keeps no request away."""
+        shown = int(self.breaker.state != CircuitBreaker.CLOSED and sends_to_triton(state or self.flag.current()))
+        if shown != self._circuit_shown:
+            with self._circuit_lock:
+                self._circuit_shown = shown
+                metrics.CIRCUIT_OPEN.labels(TRITON).set(shown)
 
     def decide(self, ctx: RequestContext) -> Decision:
         state = self.flag.current()
@@ -146,6 +170,7 @@ class Router:
         return ReadinessReport(self._ready(state, states), state.mode, states, transport)
 
     def close(self) -> None:
+        self.breaker.close()
         self._shadow.close()
         for batcher in self._batchers.values():
             batcher.close()
@@ -161,13 +186,15 @@ class Router:
         return legacy  # legacy, shadow
 
     def _triton_readiness(self) -> Readiness:
-        backend_state = self._batchers[TRITON].backend.ready()
-        if backend_state.ready:
+        """Triton's readiness from the worker's shared check: this thread's own, or the latest one's."""
+        checked = self._triton_check()
+        if checked.fresh and checked.readiness.ready:
             self.breaker.probe_now()  # Triton answers again: an open circuit lets the next request probe it
-        return backend_state
+        return checked.readiness
 
     def _triton(self, image: Prepared, ctx: RequestContext, decision: Decision) -> npt.NDArray[np.float32]:
         if not self.breaker.allow():
+            metrics.BACKEND_ERRORS.labels(TRITON, "circuit_open").inc()
             self._record_triton(ok=False, decision=decision)  # refused is failed, for the clients it hits
             raise CircuitOpen(f"Triton is failing: its circuit is open; next probe in "
                               f"{self.breaker.retry_in_s():.0f} s", backend=TRITON)

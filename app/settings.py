@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import os
 import re
@@ -17,6 +18,12 @@ __all__ = ["Mode", "Settings", "SettingsError"]
 T = TypeVar("T")
 PREFIX = "SHIM_"
 TRANSPORTS = ("auto", "http", "shm", "uint8", "uint8-shm", "encoded")  # app/backends/triton.py says what each does
+# SHIM_* names that are not settings of the shim but are read elsewhere, so never a typo: the first name of
+# SHIM_MODE, the model export's (tools/export_model.py, compose's model-export), compose's build argument
+# and bench/gpu_host.sh's shim address. Any other unknown SHIM_* name stops start-up (a typo would be ignored).
+NOT_SETTINGS = frozenset({"SHIM_BACKEND", "SHIM_MODEL_WEIGHTS", "SHIM_MODEL_ARCH", "SHIM_WITH_LEGACY", "SHIM_URL"})
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP field name (RFC 9110 token)
+_ADMIN_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{16,}$")  # no ',', ':', '=' or space: Triton's flag syntax
 
 
 class Mode(enum.StrEnum):
@@ -26,6 +33,9 @@ class Mode(enum.StrEnum):
     TRITON = "triton"    # Triton answers every request
     SHADOW = "shadow"    # legacy answers; a share of requests is also sent to Triton and compared
     CANARY = "canary"    # a sticky share of clients is answered by Triton, the rest by legacy
+
+
+MODES_USING_LEGACY = frozenset({Mode.LEGACY, Mode.SHADOW, Mode.CANARY})  # they need the legacy backend
 
 
 def _env(name: str) -> str:
@@ -45,6 +55,10 @@ class Settings:
     shm_mode: str = "0600"  # file mode of the shared memory regions; 0666 when Triton runs as another user
     triton_timeout_s: float = 10.0  # the longest a request waits for its answer (batch queue + Triton), 504 beyond
     readiness_timeout_s: float = 1.0  # /readyz answers within about this, 503 when Triton does not
+    # Triton's restricted APIs (shared memory, model repository, ...): the header and key they need
+    triton_admin_header: str = "triton-admin-key"
+    triton_admin_key: str = field(default="", repr=False)
+    triton_admin_key_file: Path | None = None  # the key in a file (a Docker or Kubernetes secret), read at start
     # Batching inside one worker
     max_batch_size: int = 32  # also capped by the model's own max_batch_size
     batch_delay_ms: float = 2.0  # the longest a request waits for others while more are on their way
@@ -61,6 +75,7 @@ class Settings:
     flag_poll_s: float = 0.5  # how stale a worker's view of the flag file may be
     canary_percent: int = 0
     canary_header: str = "X-User-Id"  # sticky canary key; the client address when absent
+    proxy_hops: int = 0  # trusted proxies in front that append to X-Forwarded-For; 0: the peer is the client
     shadow_percent: int = 100
     shadow_max_inflight: int = 4  # per worker; more shadow requests are skipped, never queued
     shadow_timeout_s: float = 5.0
@@ -94,6 +109,7 @@ class Settings:
     decode_slots: int = 2  # requests of a worker that decode and preprocess at once, in arrival order
     retry_after_s: int = 1  # what the 503 of a full worker tells clients to wait
     log_level: str = "INFO"
+    _admin_key_read: str = field(default="", init=False, repr=False, compare=False)  # from the key file
 
     def __post_init__(self) -> None:
         host, _, port = self.triton_host_port.rpartition(":")
@@ -110,8 +126,9 @@ class Settings:
             _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
         for name in ("flag_poll_s", "shadow_timeout_s", "breaker_reset_s", "rollback_window_s"):
             _check(getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
-        for name in ("shadow_tolerance", "rollback_error_rate"):
-            _check(0 <= getattr(self, name) <= 1, name, getattr(self, name), "a number from 0 to 1")
+        _check(0 <= self.shadow_tolerance <= 1, "shadow_tolerance", self.shadow_tolerance, "a number from 0 to 1")
+        _check(0 < self.rollback_error_rate <= 1, "rollback_error_rate", self.rollback_error_rate,
+               "a share of failed requests above 0 and at most 1 (0.2 = 20%); 0 would roll back after successes")
         _check(bool(self.canary_header.strip()), "canary_header", self.canary_header, "a header name")
         _check(self.admin_token == "" or len(self.admin_token) >= 16, "admin_token", "<hidden>",
                "empty (admin API off) or at least 16 characters")
@@ -123,13 +140,35 @@ class Settings:
                                 ("legacy_threads", 0, 1024), ("max_image_pixels", 1, 1 << 31),
                                 ("canary_percent", 0, 100), ("shadow_percent", 0, 100),
                                 ("shadow_max_inflight", 1, 256), ("shadow_log_per_minute", 0, 10000),
-                                ("breaker_failures", 1, 10000), ("rollback_min_requests", 1, 1 << 20)]:
+                                ("breaker_failures", 1, 10000), ("rollback_min_requests", 1, 1 << 20),
+                                ("proxy_hops", 0, 16)]:
             value = getattr(self, name)
             _check(low <= value <= high, name, value, f"a whole number from {low} to {high}")
         _check(self.threads >= self.max_pending + 2, "threads", self.threads,
                f"at least SHIM_MAX_PENDING + 2 = {self.max_pending + 2}, so that health checks always find a thread")
         _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level", self.log_level,
                "DEBUG, INFO, WARNING or ERROR")
+        _check(_HEADER_NAME.match(self.triton_admin_header) is not None, "triton_admin_header",
+               self.triton_admin_header, "an HTTP header name, e.g. triton-admin-key")
+        self._read_admin_key()
+
+    def _read_admin_key(self) -> None:
+        key, path = self.triton_admin_key, self.triton_admin_key_file
+        if path is not None:
+            if key:
+                raise SettingsError("SHIM_TRITON_ADMIN_KEY and SHIM_TRITON_ADMIN_KEY_FILE are both set: set one")
+            try:
+                key = path.read_text().strip()
+            except OSError as e:
+                raise SettingsError(f"SHIM_TRITON_ADMIN_KEY_FILE={str(path)!r} cannot be read ({e.strerror}): "
+                                    "mount the secret there, or unset it") from None
+            if not key:
+                raise SettingsError(f"SHIM_TRITON_ADMIN_KEY_FILE={str(path)!r} is empty: it must hold Triton's "
+                                    "admin key")
+            object.__setattr__(self, "_admin_key_read", key)
+        _check(not key or _ADMIN_KEY.match(key) is not None,
+               "triton_admin_key_file" if path is not None else "triton_admin_key", "<hidden>",
+               "at least 16 characters of letters, digits and ._~+/- (e.g. openssl rand -hex 16)")
 
     @property
     def description_path(self) -> Path:
@@ -138,6 +177,12 @@ class Settings:
     @property
     def triton_host_port(self) -> str:
         return self.triton_url.removeprefix("http://").rstrip("/")
+
+    @property
+    def triton_admin_headers(self) -> dict[str, str]:
+        """The header Triton's restricted APIs (shared memory, model repository) need; {} when unrestricted."""
+        key = self._admin_key_read or self.triton_admin_key
+        return {self.triton_admin_header: key} if key else {}
 
     @property
     def shm_mode_bits(self) -> int:
@@ -149,16 +194,32 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read SHIM_<FIELD> for every field; `overrides` win (tests pass their own values)."""
+        """Read SHIM_<FIELD> for every field; `overrides` win (tests pass their own values).
+
+        An unknown SHIM_* name (a typo) stops start-up, naming the closest settings."""
         env = os.environ if environ is None else environ
+        fields = [f for f in dataclasses.fields(cls) if f.init]
+        _refuse_unknown(env, {_env(f.name) for f in fields})
         values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
+        for f in fields:
             if _env(f.name) not in env:
                 continue
             values[f.name] = _parse(f.name, env[_env(f.name)], _field_type(f))
         if "mode" not in values and _env("backend") in env:  # SHIM_BACKEND=legacy|triton, the first name
             values["mode"] = _parse("backend", env[_env("backend")], Mode)
         return cls(**{**values, **overrides})
+
+
+def _refuse_unknown(env: Mapping[str, str], known: set[str]) -> None:
+    unknown = sorted(name for name in env if name.startswith(PREFIX) and name not in known | NOT_SETTINGS)
+    if not unknown:
+        return
+    hints = []
+    for name in unknown[:5]:
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+        hints.append(f"{name} (did you mean {' or '.join(close)}?)" if close else name)
+    raise SettingsError(f"unknown setting{'s' if len(unknown) > 1 else ''}: {', '.join(hints)}; the settings are "
+                        "listed in README.md (Settings)")
 
 
 def _field_type(f: dataclasses.Field[Any]) -> Callable[[str], Any]:

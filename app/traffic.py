@@ -2,8 +2,12 @@
 
 Each worker re-reads the file when it changes (checked at most every SHIM_FLAG_POLL_S on the request
 path), so a switch reaches every worker within that bound, without a restart. Writers (the admin API,
-the automatic rollback, or a person with an editor) replace the file atomically. A file that does not
-parse is reported and ignored: the last good state stays in force.
+the automatic rollback, or a person with an editor) replace the file atomically. The shim's own writers
+take an exclusive lock on `<flag file>.lock` (fcntl, shared by every process that sees the file), read the
+latest file again and apply their change on top of it, so that no writer undoes another's change with a
+stale copy; each such write gets the next `revision`, and its ETag (a digest of the state) lets the admin
+API refuse an update made against a state that is no longer the latest (If-Match, 412). A file that does
+not parse, or asks for a mode this image cannot serve, is reported and ignored: the last good state stays.
 
 Canary assignment is sticky: the targeting key is hashed with MurmurHash3 (as Unleash does for its
 gradual rollouts) into a bucket 0-99, and the clients whose bucket is below the canary percent go to
@@ -12,13 +16,16 @@ Triton, so raising the percent only adds clients.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,15 +33,17 @@ from typing import Any
 import mmh3
 
 from app import metrics
-from app.errors import FlagNotWritable, InvalidTraffic
-from app.settings import Mode
+from app.errors import FlagNotWritable, InvalidTraffic, LegacyUnavailable, PreconditionFailed
+from app.settings import MODES_USING_LEGACY, Mode
 
 log = logging.getLogger(__name__)
 CANARY_GROUP = "flask-triton-shim"  # hashed with the key: another rollout with other keys gets other buckets
 CHANGES = ("mode", "canary_percent", "shadow_percent", "reason")  # what a writer may ask for
-AUDIT = ("updated_by", "updated_at")  # set by whoever writes the file: the server, never the admin API's client
+AUDIT = ("updated_by", "updated_at", "revision")  # the server's to write, never the admin API's client
 MAX_TEXT = 500  # characters of a reason or an audit field kept
+LOCK_WAIT_S = 5.0  # the longest a writer waits for another's lock (writers hold it for milliseconds)
 Clock = Callable[[], float]
+Lacks = Callable[[], str | None]  # what the legacy backend lacks here (torch, its model file), or None
 
 
 def bucket(key: str) -> int:
@@ -55,6 +64,13 @@ class TrafficState:
     updated_by: str = ""  # admin-api, auto-rollback, or whoever wrote the file
     updated_at: str = ""
     reason: str = ""
+    revision: int = 0  # one more for each write by the shim; 0 before the first
+
+    @property
+    def etag(self) -> str:
+        """A strong ETag of the state (its revision included): any change to it, by hand too, changes it."""
+        body = json.dumps({k: v for k, v in self.to_json().items() if k != "source"}, sort_keys=True)
+        return '"' + hashlib.sha256(body.encode()).hexdigest()[:20] + '"'
 
     def with_changes(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
         """A new state from a partial update by `updated_by` (the admin API, the rollback); validates it.
@@ -73,8 +89,12 @@ class TrafficState:
         if unknown:
             raise InvalidTraffic(f"unknown fields {', '.join(repr(u[:40]) for u in unknown[:10])}")
         changes = {k: v for k, v in data.items() if k in CHANGES}
-        return self._validated(changes, updated_by=_text(data, "updated_by", "file"),
-                               updated_at=_text(data, "updated_at", ""))
+        revision = data.get("revision", 0)
+        if isinstance(revision, bool) or not isinstance(revision, int) or revision < 0:
+            raise InvalidTraffic(f"revision must be a whole number >= 0, not {str(revision)[:40]!r}")
+        state = self._validated(changes, updated_by=_text(data, "updated_by", "file"),
+                                updated_at=_text(data, "updated_at", ""))
+        return replace(state, revision=revision)
 
     def _validated(self, changes: dict[str, Any], *, updated_by: str, updated_at: str) -> TrafficState:
         try:
@@ -98,6 +118,12 @@ class TrafficState:
         return {**asdict(self), "mode": self.mode.value}
 
 
+def _matches(if_match: str, etag: str) -> bool:
+    """RFC 9110 If-Match: `*`, or a list of entity tags compared strongly (a weak W/"..." never matches)."""
+    tags = [tag.strip() for tag in if_match.split(",")]
+    return "*" in tags or etag in tags or etag.strip('"') in tags
+
+
 def _text(data: dict[str, Any], name: str, default: str) -> str:
     value = data.get(name, default)
     if not isinstance(value, str):
@@ -109,9 +135,10 @@ def _text(data: dict[str, Any], name: str, default: str) -> str:
 
 class TrafficFlag:
     def __init__(self, path: Path | None, default: TrafficState, poll_s: float,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, legacy_lacks: Lacks = lambda: None) -> None:
         self.path = path
         self._clock = clock
+        self._legacy_lacks = legacy_lacks
         self._default = default
         self._poll_s = poll_s
         self._state = default
@@ -119,6 +146,7 @@ class TrafficFlag:
         self._checked = 0.0
         self._error: str | None = None
         self._lock = threading.Lock()
+        self.on_change: Callable[[TrafficState], None] = lambda state: None  # this worker's state changed
         self._publish(default)
 
     @property
@@ -135,26 +163,84 @@ class TrafficFlag:
                 self._reload()
         return self._state
 
-    def write(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
-        """Apply a partial update for every worker: write the file atomically, then use it here at once."""
+    def write(self, changes: dict[str, Any], *, updated_by: str, if_match: str | None = None) -> TrafficState:
+        """Apply a partial update for every worker, on top of the latest file (under the writers' lock), then use
+        it here at once. `if_match`: the ETag(s) the writer's change was made against (412 if none is current)."""
         if self.path is None:
-            raise InvalidTraffic("run-time switching is off: set SHIM_FLAG_FILE")
-        state = self.current().with_changes(changes, updated_by=updated_by)
-        body = {k: v for k, v in state.to_json().items() if k != "source"}
+            raise FlagNotWritable("run-time switching is off: there is no flag file (set SHIM_FLAG_FILE; "
+                                  "gunicorn.conf.py makes one per run)")
+        path = self.path
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
-            with os.fdopen(fd, "w") as handle:
-                json.dump(body, handle, indent=2)
-            os.replace(tmp, self.path)
+            with self._writers_lock(path):
+                latest = self._latest()
+                state = latest.with_changes(changes, updated_by=updated_by)  # a bad update is a 400 first
+                if if_match is not None and not _matches(if_match, latest.etag):
+                    raise PreconditionFailed(f"the traffic state changed since it was read: it is revision "
+                                             f"{latest.revision} now, ETag {latest.etag}; GET /traffic and "
+                                             "decide again")
+                state = replace(state, revision=latest.revision + 1, source="flag-file")
+                self._check_backends(state)
+                body = {k: v for k, v in state.to_json().items() if k != "source"}
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+                with os.fdopen(fd, "w") as handle:
+                    json.dump(body, handle, indent=2)
+                os.replace(tmp, path)
         except OSError as e:  # e.g. a ConfigMap mount: read-only by design
-            raise FlagNotWritable(f"cannot write the flag file {self.path} ({e.strerror}); if it is mounted from "
+            raise FlagNotWritable(f"cannot write the flag file {path} ({e.strerror}); if it is mounted from "
                                   "a Kubernetes ConfigMap, change the ConfigMap instead (README: Scale out on "
                                   "Kubernetes)") from e
         with self._lock:
             self._checked = self._clock()
             self._reload()
-        return self._state
+        return state
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _writers_lock(path: Path) -> Iterator[None]:
+        """An exclusive lock shared by every process that writes `path`, on the file `<path>.lock` beside it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(path.name + ".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise FlagNotWritable(f"another writer has held the lock on {path} for "
+                                              f"{LOCK_WAIT_S:g} s; try again") from None
+                    time.sleep(0.005)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _latest(self) -> TrafficState:
+        """The state the file holds now (not this worker's copy, which may be a poll interval old)."""
+        assert self.path is not None
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return self._default
+        except (OSError, ValueError) as e:
+            log.warning("flag file %s cannot be read (%s): the change applies to the last good state", self.path, e)
+            return self._state
+        try:
+            if not isinstance(data, dict):
+                raise InvalidTraffic("the flag file must hold a JSON object")
+            return self._default.from_file(data)
+        except InvalidTraffic as e:
+            log.warning("flag file %s is not valid (%s): the change applies to the last good state", self.path, e)
+            return self._state
+
+    def _check_backends(self, state: TrafficState) -> None:
+        """A mode that needs the legacy backend is refused where it cannot run (the image without torch)."""
+        if state.mode in MODES_USING_LEGACY:
+            lacks = self._legacy_lacks()
+            if lacks:
+                raise LegacyUnavailable(f"mode {state.mode.value} needs the legacy backend, which cannot run here: "
+                                        f"{lacks}; stay in triton mode, or use an image built with "
+                                        "WITH_LEGACY=1")
 
     def override(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
         """Apply a change in this worker only, until the flag file next changes (it cannot be written)."""
@@ -186,7 +272,8 @@ class TrafficFlag:
             if not isinstance(data, dict):
                 raise InvalidTraffic("the flag file must hold a JSON object")
             state = self._default.from_file(data)
-        except (OSError, ValueError, InvalidTraffic) as e:
+            self._check_backends(state)
+        except (OSError, ValueError, InvalidTraffic, LegacyUnavailable) as e:
             self._error = f"flag file {self.path} ignored, last good state kept: {e}"
             log.error("%s", self._error)
             return
@@ -198,8 +285,10 @@ class TrafficFlag:
             log.info("traffic mode %s (canary %d%%, shadow %d%%) from %s%s", state.mode.value, state.canary_percent,
                      state.shadow_percent, state.source, f": {state.reason}" if state.reason else "",
                      extra={"traffic": state.to_json()})
-        self._state = state
+        changed, self._state = state != self._state, state
         self._publish(state)
+        if changed:
+            self.on_change(state)
 
     @staticmethod
     def _publish(state: TrafficState) -> None:

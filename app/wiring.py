@@ -7,17 +7,19 @@ from dataclasses import dataclass
 
 from app import metrics
 from app.admission import Admission
-from app.backends.base import Backend
+from app.backends.base import Backend, MayLack
 from app.batching import Batcher, Upstream
 from app.breaker import CircuitBreaker
+from app.capabilities import check_start
 from app.capture import Capture
 from app.description import Served, resolve
 from app.preprocess import configure_pillow
+from app.readiness import SharedCheck
 from app.rollback import AutoRollback
-from app.routing import LEGACY, MODES_USING_LEGACY, TRITON, Router
+from app.routing import LEGACY, TRITON, Router
 from app.scores import SCORE_FUNCTIONS
 from app.service import PredictService
-from app.settings import Settings
+from app.settings import MODES_USING_LEGACY, Settings
 from app.shadow import ShadowRunner
 from app.traffic import TrafficFlag, TrafficState
 
@@ -47,7 +49,8 @@ def build_backends(settings: Settings, served: Served) -> dict[str, Backend]:
             readiness_timeout_s=settings.readiness_timeout_s, image_shape=served.spec.shape,
             classes=description.classes, max_batch_size=settings.max_batch_size, transport=settings.transport,
             uint8_model=settings.uint8_model or description.uint8_model, encoded_model=settings.encoded_model,
-            shm_mode=settings.shm_mode_bits, parameters=description.parameters()),
+            shm_mode=settings.shm_mode_bits, parameters=description.parameters(),
+            admin_headers=settings.triton_admin_headers),
         LEGACY: LegacyBackend(model_path=served.legacy_model_path, threads=settings.legacy_threads,
                               max_batch_size=settings.max_batch_size, image_shape=served.spec.shape,
                               classes=description.classes),
@@ -61,6 +64,9 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     scores = SCORE_FUNCTIONS[served.description.scores]
     configure_pillow(served.spec)
     chosen = dict(backends) if backends is not None else build_backends(settings, served)
+    legacy = chosen[LEGACY]
+    legacy_lacks = legacy.missing if isinstance(legacy, MayLack) else lambda: None
+    check_start(settings, legacy_lacks())  # gunicorn's master checked it already; other servers stop here
     upstream = Upstream()
     delay_s = settings.batch_delay_ms / 1000
     batchers = {
@@ -68,19 +74,24 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
         # In-process torch already uses every core for one batch: one sender.
         LEGACY: Batcher(chosen[LEGACY], upstream, max_delay_s=delay_s, senders=1),
     }
-    triton_backend = chosen[TRITON]
+    triton_check = SharedCheck(chosen[TRITON].ready, deadline_s=settings.readiness_timeout_s)
+
+    def triton_healthy() -> bool:  # the breaker's watcher: Triton answered a check made for it
+        checked = triton_check()
+        return checked.fresh and checked.readiness.ready
+
     breaker = CircuitBreaker(TRITON, failures=settings.breaker_failures, reset_s=settings.breaker_reset_s,
-                             health=lambda: triton_backend.ready().ready)
+                             health=triton_healthy)
     shadow = ShadowRunner(batchers[TRITON], breaker, max_inflight=settings.shadow_max_inflight,
                           timeout_s=settings.shadow_timeout_s, tolerance=settings.shadow_tolerance,
                           top_k=served.top_k, logs_per_minute=settings.shadow_log_per_minute, scores=scores)
     initial = TrafficState(mode=settings.mode, canary_percent=settings.canary_percent,
                            shadow_percent=settings.shadow_percent)
-    flag = TrafficFlag(settings.flag_file, initial, poll_s=settings.flag_poll_s)
+    flag = TrafficFlag(settings.flag_file, initial, poll_s=settings.flag_poll_s, legacy_lacks=legacy_lacks)
     rollback = AutoRollback(flag, error_rate=settings.rollback_error_rate, window_s=settings.rollback_window_s,
                             min_requests=settings.rollback_min_requests) if settings.auto_rollback else None
     router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=settings.fallback,
-                    timeout_s=settings.triton_timeout_s, rollback=rollback)
+                    timeout_s=settings.triton_timeout_s, rollback=rollback, triton_check=triton_check)
     if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
         chosen[LEGACY].start()  # load now, in the background, rather than on the first request
     admission = Admission(max_pending=settings.max_pending, slots=settings.decode_slots,

@@ -67,7 +67,7 @@ def measure(repo: Path, work: Path, model_pt: Path, reloads: int) -> tuple[list[
             (version / "model.pt").symlink_to(model_pt.resolve())  # a new version folder: a real reload
             wait_until(lambda v=version.name: (triton.cpu_repo / "resnet50" / v / "model.py").is_file(), 30,
                        "the CPU copy to follow the new version")
-            client.load_model("resnet50")
+            client.load_model("resnet50", headers=triton.config.admin_headers)  # the key, if Triton has one
             firsts.append(once())
             steady += [once() for _ in range(10)]
             print(f"  reload {reload + 1}: first request {firsts[-1]:.0f} ms, then median "

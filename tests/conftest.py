@@ -70,7 +70,7 @@ def take_early(fixture: str, start: Callable[[], K]) -> K:
 # `make test-prod` runs pytest in .venv-prod, with the production packages alone (no torch, no Triton, no dev
 # tools): there only the modules that mention the `prod` marker are collected (others import dev packages at
 # the top), and `-m prod` picks the marked tests from them.
-PRODUCTION_ENV = os.environ.get("SHIM_TEST_ENV") == "production"
+PRODUCTION_ENV = os.environ.get("TESTS_ENV") == "production"
 
 
 def _mentions_prod(test_module: Path) -> bool:
@@ -193,12 +193,14 @@ def add_own_models(dest: Path) -> None:
                 (dest / folder.name / model_pt.parent.name / "model.pt").symlink_to(model_pt)
 
 
-def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None) -> EmbeddedTriton:
+def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None,
+                 admin_key: str = "") -> EmbeddedTriton:
+    """`admin_key`: Triton's model-repository and shared-memory APIs need it, as `make run` starts Triton."""
     from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig
 
     http, grpc, metrics = ports or free_ports(3)
     config = EmbeddedTritonConfig(model_repository=repo, cache_dir=cache_dir, http_port=http,
-                                  grpc_port=grpc, metrics_port=metrics, startup_timeout_s=240)
+                                  grpc_port=grpc, metrics_port=metrics, startup_timeout_s=240, admin_key=admin_key)
     return EmbeddedTriton(config).start()
 
 

@@ -35,6 +35,7 @@ class EchoBackend:
         self.broken = False
         self.hang = threading.Event()  # set: calls block until it is cleared
         self.started = 0
+        self.lacks: str | None = None  # what it lacks to run here at all (as the legacy backend without torch)
         self._lock = threading.Lock()
 
     @property
@@ -66,6 +67,9 @@ class EchoBackend:
 
     def start(self) -> None:
         self.started += 1
+
+    def missing(self) -> str | None:
+        return self.lacks
 
     def ready(self) -> Readiness:
         if self.hang.is_set() or self.down:

@@ -109,3 +109,27 @@ def standin_answer(data: bytes, labels: list[str], top_k: int = 5) -> list[dict[
     bounds = np.linspace(0, flat.shape[1], len(labels) + 1)[:-1].astype(np.int64)
     probs = softmax(np.add.reduceat(flat, bounds, axis=1)[0])
     return [{"label": labels[i], "class_id": i, "score": float(probs[i])} for i in best(probs, top_k)]
+
+
+def connections_to(port: int, pid: int | None = None) -> int:
+    """Established TCP connections of process `pid` (this one by default) to `port` on any address: read
+    from /proc (the sockets the process holds, matched by inode), so nothing of the process is asked."""
+    import os
+
+    pid = pid or os.getpid()
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if remote_port == port and fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
+                count += 1
+    return count

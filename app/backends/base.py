@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 class Readiness:
     ready: bool
     detail: str  # what a person reading /readyz needs to know, in one line
+    age_s: float = 0.0  # how old the answer is: 0 when it was checked for this call (app/readiness.py)
 
 
 FP32, UINT8 = "fp32", "uint8"
@@ -52,3 +53,11 @@ class Backend(Protocol):
     def ready(self) -> Readiness: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class MayLack(Protocol):
+    """A backend that may be unable to run in this image at all (the legacy one, without torch)."""
+
+    def missing(self) -> str | None:
+        """What it lacks here (named for a person), or None."""

@@ -6,6 +6,7 @@ worker answers /healthz at once and /readyz tells the truth while the model load
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app.backends.base import FP32, Readiness
+from app.capabilities import FindSpec, legacy_lacks
 from app.errors import BackendError, BackendUnavailable
 from app.preprocess import Prepared
 
@@ -26,9 +28,11 @@ class LegacyBackend:
     name = "legacy"
 
     def __init__(self, *, model_path: Path, threads: int, max_batch_size: int, image_shape: Sequence[int],
-                 load_timeout_s: float = 120, classes: int | None = None) -> None:
+                 load_timeout_s: float = 120, classes: int | None = None,
+                 find_spec: FindSpec = importlib.util.find_spec) -> None:
         self.model_path = model_path
         self._classes = classes  # what the model's description says it answers; checked on its first run
+        self._find_spec = find_spec
         self._image_shape = tuple(image_shape)
         self._threads = threads
         self._max_batch = max_batch_size
@@ -46,6 +50,10 @@ class LegacyBackend:
     @property
     def input_kind(self) -> str:
         return FP32
+
+    def missing(self) -> str | None:
+        """torch or the model file, when either is missing here (the slim image has no torch)."""
+        return legacy_lacks(self.model_path, self._find_spec)
 
     def start(self) -> None:
         if self._started:  # the hot path: every request routed to legacy calls this

@@ -16,6 +16,8 @@ Transports (SHIM_TRANSPORT), what a request sends and how:
 A worker settles its transport once, on its first readiness check or request. Shared memory that
 stops working (a Triton restart forgets registrations) is registered again; if that fails the worker
 goes on over HTTP, logged once. /readyz and the metric shim_transport say which transport is in use.
+A region pair is never written while a request that used it may still be in Triton (app/backends/regions.py),
+and the shared memory calls carry the key of Triton's restricted APIs (`admin_headers`), when it has one.
 
 tritonclient's HTTP client is not thread-safe and breaks when carried across a fork, so each thread
 gets its own client, made on first use in the process that uses it. Readiness checks use clients of
@@ -44,6 +46,8 @@ from tritonclient.utils import InferenceServerException
 from app import metrics
 from app.backends import shm
 from app.backends.base import ENCODED, FP32, UINT8, Readiness
+from app.backends.ensemble import pin_problem
+from app.backends.regions import Pair, SenderPairs
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, DecodeRefused, ModelMismatch
 from app.preprocess import Prepared
 from app.settings import TRANSPORTS
@@ -77,6 +81,7 @@ class Route:
     kind: str  # FP32 or UINT8
     shm: bool
     why: str  # how it was chosen, for /readyz
+    version: str = ""  # the version asked of `model`: the pin for the classifier, never for an ensemble
 
     def image_shape(self, crop: int) -> tuple[int, int, int]:
         return (3, crop, crop) if self.kind == FP32 else (crop, crop, 3)
@@ -171,21 +176,14 @@ class _Clients:
             client.close()
 
 
-@dataclass
-class _Regions:
-    """A sender thread's input and output regions, registered with Triton."""
-
-    input: shm.Region
-    output: shm.Region
-
-
 class TritonBackend:
     name = NAME
 
     def __init__(self, *, url: str, model: str, version: str, connect_timeout_s: float, network_timeout_s: float,
                  readiness_timeout_s: float, image_shape: Sequence[int], classes: int, max_batch_size: int,
                  transport: str = "http", uint8_model: str = "", shm_mode: int = 0o600,
-                 parameters: Mapping[str, str] | None = None, encoded_model: str = "") -> None:
+                 parameters: Mapping[str, str] | None = None, encoded_model: str = "",
+                 admin_headers: Mapping[str, str] | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.url, self.model, self.version = url, model, version
@@ -196,6 +194,7 @@ class TritonBackend:
         self._classes, self._max_batch = classes, max_batch_size
         self._wanted = transport
         self._shm_mode = shm_mode
+        self._admin = dict(admin_headers or {})  # the shared memory API's key, when Triton restricts it
         self._clients = _Clients(url, connect_timeout_s=connect_timeout_s, network_timeout_s=network_timeout_s)
         self._probes = _Clients(url, connect_timeout_s=min(connect_timeout_s, readiness_timeout_s),
                                 network_timeout_s=readiness_timeout_s)
@@ -205,10 +204,9 @@ class TritonBackend:
         self._encoded_spec: ModelSpec | None = None
         self._spec_checked = 0.0
         self._mismatch_logged = False
-        self._local = threading.local()  # a sender thread's shared memory regions
-        self._regions: list[_Regions] = []
-        self._region_count = 0
-        self._regions_lock = threading.Lock()
+        self._pairs = SenderPairs()  # the sender threads' shared memory regions
+        self._owner: shm.Owner | None = None  # made in the process that uses shared memory
+        self._owner_lock = threading.Lock()
         self._swept = False
 
     # -- the Backend protocol ------------------------------------------------------------------------------
@@ -236,7 +234,7 @@ class TritonBackend:
         """The model ready on Triton, its metadata checked (again, every few seconds: a reload may change it)."""
         try:
             route = self._settle(self._probes, wait=False)
-            if not self._call(self._probes, lambda c: c.is_model_ready(route.model, self.version)):
+            if not self._call(self._probes, lambda c: c.is_model_ready(route.model, route.version)):
                 return Readiness(False, f"{self._where(route)} is not ready")
             spec = self._spec
             if spec is None or time.monotonic() - self._spec_checked > SPEC_RECHECK_S:
@@ -261,25 +259,31 @@ class TritonBackend:
         return self._infer_http(route, spec, _stack(images, route.kind), request_id)
 
     def close(self) -> None:
-        with self._regions_lock:
-            regions, self._regions = self._regions, []
-        client = None
+        live, retired = self._pairs.drain()
         try:
-            if regions:
-                client = httpclient.InferenceServerClient(self.url, connection_timeout=1, network_timeout=2)
-            for pair in regions:
-                for region in (pair.input, pair.output):
-                    if client is not None:
-                        try:
-                            client.unregister_system_shared_memory(region.name)
-                        except (InferenceServerException, OSError, http.client.HTTPException) as e:
-                            log.info("could not unregister %s from Triton: %s", region.name, e)
-                    region.close()
+            self._unregister_at_exit([name for pair in live if pair.registered for name in pair.names] + retired)
+            for pair in live:
+                pair.input.close()
+                pair.output.close()
         finally:
-            if client is not None:
-                client.close()
+            if self._owner is not None and self._owner.pid == os.getpid():
+                self._owner.release()
             self._clients.close()
             self._probes.close()
+
+    def _unregister_at_exit(self, names: list[str]) -> None:
+        """With a client of its own and short timeouts: the worker is exiting."""
+        if not names:
+            return
+        client = httpclient.InferenceServerClient(self.url, connection_timeout=1, network_timeout=2)
+        try:
+            for name in names:
+                try:
+                    client.unregister_system_shared_memory(name, headers=self._admin)
+                except (InferenceServerException, OSError, http.client.HTTPException) as e:
+                    log.info("could not unregister %s from Triton: %s", name, e)
+        finally:
+            client.close()
 
     # -- choosing the transport ----------------------------------------------------------------------------
 
@@ -321,6 +325,7 @@ class TritonBackend:
         transport = {(FP32, False): "http", (FP32, True): "shm", (UINT8, False): "uint8",
                      (UINT8, True): "uint8-shm"}[(kind, shared)]
         return Route(transport=transport, model=self.uint8_model if pixels else self.model, kind=kind, shm=shared,
+                     version="" if pixels else self.version,
                      why="; ".join(w for w in (why_kind, why_channel) if w))
 
     def _normalises_on_gpu(self, clients: _Clients) -> tuple[bool, str]:
@@ -336,32 +341,48 @@ class TritonBackend:
             return False, f"tensors: no usable {self.uint8_model} ({e.message.split(': ', 1)[-1]})"
         kinds = {g.get("kind", "KIND_AUTO") for g in first_config.get("instance_group", [])}
         if "KIND_GPU" in kinds:
+            problem = pin_problem(config, ensemble=self.uint8_model, classifier=self.model, pin=self.version)
+            if problem:
+                return False, f"tensors: {problem.split(': set ', 1)[0]}"
             return True, f"pixels: {first} normalises them on a GPU"
         return False, f"tensors: {first} would normalise them on {'/'.join(sorted(kinds)) or 'KIND_AUTO'}"
 
     def _shm_works(self, clients: _Clients) -> tuple[bool, str]:
         """Can Triton map this host's /dev/shm? Register a small probe region and see."""
-        self._sweep(clients)
         try:
-            region = shm.create(f"{shm.worker_prefix()}probe", 64, self._shm_mode)
+            removed = shm.sweep_files()  # leftovers of owners that are gone, in this /dev/shm
+            region = self._owner_here().create("probe", 64, self._shm_mode)
         except OSError as e:
             return False, f"HTTP: no shared memory here ({e})"
         try:
-            self._call(clients, lambda c: c.register_system_shared_memory(region.name, region.key, region.size))
-            self._call(clients, lambda c: c.unregister_system_shared_memory(region.name))
+            self._call(clients, partial(_register, region=region, headers=self._admin))
+            self._call(clients, partial(_unregister, name=region.name, headers=self._admin))
         except BackendError as e:
             if not _answered(e):
                 raise
-            return False, f"HTTP: Triton cannot map this host's /dev/shm ({e.message.split(': ', 1)[-1]})"
+            why = e.message.split(": ", 1)[-1]
+            if "restricted" in why.lower():  # Triton runs with --http-restricted-api=shared-memory,...:<key>
+                return False, (f"HTTP: Triton's shared memory API wants its admin key ({why}); set "
+                               "SHIM_TRITON_ADMIN_KEY or SHIM_TRITON_ADMIN_KEY_FILE (and SHIM_TRITON_ADMIN_HEADER)")
+            return False, f"HTTP: Triton cannot map this host's /dev/shm ({why})"
         finally:
             region.close()
+        self._sweep(clients, removed)  # Triton maps this /dev/shm: its registry's leftovers are ours to judge
         return True, "shared memory: Triton maps this host's /dev/shm"
+
+    def _owner_here(self) -> shm.Owner:
+        """This process's owner of shared memory regions (its lock says it is alive), made on first use."""
+        with self._owner_lock:
+            if self._owner is None or self._owner.pid != os.getpid():
+                self._owner = shm.Owner()
+            return self._owner
 
     def _give_up_shm(self, route: Route, reason: str) -> Route:
         with self._route_lock:
             if self._route is route:
                 self._route = Route(transport="uint8" if route.kind == UINT8 else "http", model=route.model,
-                                    kind=route.kind, shm=False, why=f"{route.why}; then HTTP: {reason}")
+                                    kind=route.kind, shm=False, why=f"{route.why}; then HTTP: {reason}",
+                                    version=route.version)
                 log.error("shared memory stopped working (%s): this worker sends over HTTP from now on", reason)
                 metrics.publish_transport(self._route.transport)
             return self._route if self._route is not None else route
@@ -370,7 +391,7 @@ class TritonBackend:
 
     def _tensor_route(self, route: Route) -> Route:
         """Where the encoded transport sends the images it decoded in the shim: FP32 over HTTP to the model."""
-        return Route(transport="http", model=self.model, kind=FP32, shm=False, why=route.why)
+        return Route(transport="http", model=self.model, kind=FP32, shm=False, why=route.why, version=self.version)
 
     def _infer_encoded(self, route: Route, images: Sequence[Prepared],
                        request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
@@ -401,7 +422,7 @@ class TritonBackend:
 
         def send(client: httpclient.InferenceServerClient) -> Any:
             try:
-                return client.infer(route.model, [tensor], model_version=self.version, outputs=[wanted],
+                return client.infer(route.model, [tensor], model_version=route.version, outputs=[wanted],
                                     request_id=request_id)
             except InferenceServerException as e:  # the decoder's refusal is the image's, not Triton's failure
                 text = str(e.message() or e)
@@ -419,25 +440,30 @@ class TritonBackend:
         tensor = httpclient.InferInput(spec.input_name, list(batch.shape), TRITON_DTYPE[route.kind])
         tensor.set_data_from_numpy(batch, binary_data=True)
         wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
-        result = self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=self.version,
+        result = self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=route.version,
                                                              outputs=[wanted], request_id=request_id))
         self._log_answer(result, len(batch))
         return self._checked(result.as_numpy(spec.output_name), len(batch), route)
 
     def _infer_shm(self, route: Route, spec: ModelSpec, images: Sequence[Prepared],
                    request_id: str) -> npt.NDArray[np.float32]:
-        regions = self._thread_regions(route)
+        pair = self._thread_pair(route)
         n = len(images)
         shape = (n, *route.image_shape(self._crop))
-        _stack(images, route.kind, out=regions.input.array(NUMPY[route.kind], shape))  # straight into the region
+        _stack(images, route.kind, out=pair.input.array(NUMPY[route.kind], shape))  # straight into the region
         tensor = httpclient.InferInput(spec.input_name, list(shape), TRITON_DTYPE[route.kind])
-        tensor.set_shared_memory(regions.input.name, int(np.prod(shape)) * np.dtype(NUMPY[route.kind]).itemsize)
+        tensor.set_shared_memory(pair.input.name, int(np.prod(shape)) * np.dtype(NUMPY[route.kind]).itemsize)
         wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
-        wanted.set_shared_memory(regions.output.name, n * self._classes * 4)
+        wanted.set_shared_memory(pair.output.name, n * self._classes * 4)
 
         def send() -> Any:
-            return self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=self.version,
-                                                               outputs=[wanted], request_id=request_id))
+            try:
+                return self._call(self._clients, lambda c: c.infer(route.model, [tensor], model_version=route.version,
+                                                                   outputs=[wanted], request_id=request_id))
+            except BaseException as e:
+                if not (isinstance(e, BackendError) and _answered(e)):
+                    self._pairs.retire(pair)  # Triton may still hold the request: it may read and write the pair
+                raise
 
         try:
             result = send()
@@ -445,58 +471,71 @@ class TritonBackend:
             if not _about_shm(e):
                 raise
             try:  # Triton restarted and forgot the registrations: once more, then retry
-                self._register(regions)
+                self._register(pair)
                 result = send()
             except BackendError as again:
                 if _about_shm(again):
                     raise _ShmLost(again.message) from again
                 raise
         self._log_answer(result, n)
-        return self._checked(regions.output.array(np.float32, (n, self._classes)).copy(), n, route)
+        return self._checked(pair.output.array(np.float32, (n, self._classes)).copy(), n, route)
 
-    def _thread_regions(self, route: Route) -> _Regions:
-        regions: _Regions | None = getattr(self._local, "regions", None)
-        if regions is not None:
-            return regions
-        with self._regions_lock:
-            self._region_count += 1
-            prefix = f"{shm.worker_prefix()}{self._region_count}"
+    def _thread_pair(self, route: Route) -> Pair:
+        """This sender thread's pair, registered; a fresh one after the last was retired."""
+        self._unregister_retired()
         per_image = int(np.prod(route.image_shape(self._crop))) * np.dtype(NUMPY[route.kind]).itemsize
-        try:
-            regions = _Regions(shm.create(f"{prefix}_in", self._max_batch * per_image, self._shm_mode),
-                               shm.create(f"{prefix}_out", self._max_batch * self._classes * 4, self._shm_mode))
-        except OSError as e:
-            raise _ShmLost(f"cannot make a shared memory region: {e}") from e
-        with self._regions_lock:
-            self._regions.append(regions)
-        self._local.regions = regions
-        try:
-            self._register(regions)
-        except BackendError as e:
-            if _answered(e):
-                raise _ShmLost(e.message) from e
-            raise
-        return regions
 
-    def _register(self, regions: _Regions) -> None:
-        for region in (regions.input, regions.output):
-            try:  # never registered twice: a stale registration of the same name (a reused pid) goes first
-                self._call(self._clients, partial(_unregister, name=region.name))
+        def make(number: str) -> Pair:
+            try:
+                owner = self._owner_here()
+                return Pair(owner.create(f"{number}_in", self._max_batch * per_image, self._shm_mode),
+                            owner.create(f"{number}_out", self._max_batch * self._classes * 4, self._shm_mode))
+            except OSError as e:
+                raise _ShmLost(f"cannot make a shared memory region: {e}") from e
+
+        pair = self._pairs.current(make)
+        if not pair.registered:
+            try:
+                self._register(pair)
+            except BackendError as e:
+                if _answered(e):
+                    raise _ShmLost(e.message) from e
+                raise
+        return pair
+
+    def _register(self, pair: Pair) -> None:
+        for region in (pair.input, pair.output):
+            try:  # never registered twice: a stale registration of the same name goes first
+                self._call(self._clients, partial(_unregister, name=region.name, headers=self._admin))
             except BackendError as e:
                 if not _answered(e):
                     raise
-            self._call(self._clients, partial(_register, region=region))
+            self._call(self._clients, partial(_register, region=region, headers=self._admin))
+        pair.registered = True
 
-    def _sweep(self, clients: _Clients) -> None:
-        """Once per worker: what dead processes of this host left, in /dev/shm and in Triton's registry."""
+    def _unregister_retired(self) -> None:
+        """Unregister retired regions; Triton refuses while a request still uses one: that one waits."""
+        names = self._pairs.due()
+        for i, name in enumerate(names):
+            try:
+                self._call(self._clients, partial(_unregister, name=name, headers=self._admin))
+            except BackendError as e:
+                if not _answered(e):  # Triton does not answer: all of them wait for the next try
+                    self._pairs.still_registered(names[i:])
+                    return
+                if "in use" in e.message:
+                    self._pairs.still_registered([name])
+                # Any other answer (an unknown region: Triton restarted) means it is not registered.
+
+    def _sweep(self, clients: _Clients, removed: list[str]) -> None:
+        """Once per backend: the registrations in Triton's registry of owners that are gone."""
         if self._swept:
             return
-        removed = shm.sweep_files()
         try:
-            status = self._call(clients, lambda c: c.get_system_shared_memory_status())
+            status = self._call(clients, lambda c: c.get_system_shared_memory_status(headers=self._admin))
             names = [str(r.get("name", "")) for r in (status if isinstance(status, list) else [])]
-            for name in shm.stale_names(names):
-                self._call(clients, partial(_unregister, name=name))
+            for name in shm.stale_names(names, missing_is_gone=True):
+                self._call(clients, partial(_unregister, name=name, headers=self._admin))
                 removed.append(name)
         except BackendError as e:
             if not _answered(e):
@@ -510,8 +549,8 @@ class TritonBackend:
     # -- checking and translating ---------------------------------------------------------------------------
 
     def _where(self, route: Route | None = None) -> str:
-        model = route.model if route is not None else self.model
-        return f"Triton model '{model}'{f' version {self.version}' if self.version else ''} at {self.url}"
+        model, version = (route.model, route.version) if route is not None else (self.model, self.version)
+        return f"Triton model '{model}'{f' version {version}' if version else ''} at {self.url}"
 
     def _checked(self, logits: npt.NDArray[Any] | None, n: int, route: Route) -> npt.NDArray[np.float32]:
         if logits is None or logits.shape != (n, self._classes):
@@ -529,9 +568,12 @@ class TritonBackend:
         """The metadata of the model the route sends to, checked; for the encoded transport the ensemble's,
         then the model's that takes its tensors (the returned spec, as for the other routes)."""
         if route.kind == ENCODED:
-            meta = self._call(clients, lambda c: c.get_model_metadata(route.model, self.version))
-            config = self._call(clients, lambda c: c.get_model_config(route.model, self.version))
+            meta = self._call(clients, lambda c: c.get_model_metadata(route.model, route.version))
+            config = self._call(clients, lambda c: c.get_model_config(route.model, route.version))
             try:
+                problem = pin_problem(config, ensemble=route.model, classifier=self.model, pin=self.version)
+                if problem:  # the ensemble would run another version of the classifier than the one pinned
+                    raise ModelMismatch(f"{self._where(route)}: {problem}", backend=NAME)
                 self._encoded_spec = check_encoded_model(meta, config, classes=self._classes, where=self._where(route))
             except ModelMismatch as e:
                 self._encoded_spec = None
@@ -540,9 +582,13 @@ class TritonBackend:
                     self._mismatch_logged = True
                 raise
             route = self._tensor_route(route)
-        meta = self._call(clients, lambda c: c.get_model_metadata(route.model, self.version))
-        config = self._call(clients, lambda c: c.get_model_config(route.model, self.version))
+        meta = self._call(clients, lambda c: c.get_model_metadata(route.model, route.version))
+        config = self._call(clients, lambda c: c.get_model_config(route.model, route.version))
         try:
+            problem = None if route.model == self.model else pin_problem(
+                config, ensemble=route.model, classifier=self.model, pin=self.version)
+            if problem:  # the ensemble would run another version of the classifier than the one pinned
+                raise ModelMismatch(f"{self._where(route)}: {problem}", backend=NAME)
             spec = check_model(meta, config, image_shape=route.image_shape(self._crop), classes=self._classes,
                                where=self._where(route), datatype=TRITON_DTYPE[route.kind],
                                parameters=self._parameters)
@@ -580,12 +626,12 @@ class TritonBackend:
             raise BackendUnavailable(f"{self._where()} is unreachable: {type(e).__name__}: {e}", backend=NAME) from e
 
 
-def _register(client: httpclient.InferenceServerClient, *, region: shm.Region) -> None:
-    client.register_system_shared_memory(region.name, region.key, region.size)
+def _register(client: httpclient.InferenceServerClient, *, region: shm.Region, headers: dict[str, str]) -> None:
+    client.register_system_shared_memory(region.name, region.key, region.size, headers=headers)
 
 
-def _unregister(client: httpclient.InferenceServerClient, *, name: str) -> None:
-    client.unregister_system_shared_memory(name)
+def _unregister(client: httpclient.InferenceServerClient, *, name: str, headers: dict[str, str]) -> None:
+    client.unregister_system_shared_memory(name, headers=headers)
 
 
 def _answered(error: BackendError) -> bool:

@@ -1,9 +1,15 @@
-"""python -m app.embedded_triton: serve a model repository with the wheel's Triton until Ctrl-C."""
+"""python -m app.embedded_triton: serve a model repository with the wheel's Triton until Ctrl-C.
+
+With an admin key (--admin-key-file FILE, --admin-key KEY or $TRITON_ADMIN_KEY), Triton's model-repository,
+shared-memory, trace and logging APIs answer only requests that carry it in the header --admin-header
+(default triton-admin-key; gRPC clients send it as metadata `triton-grpc-protocol-<header>`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -25,11 +31,26 @@ def parse_args(argv: list[str] | None) -> EmbeddedTritonConfig:
     p.add_argument("--model-control-mode", choices=["explicit", "poll", "none"], default="explicit")
     p.add_argument("--startup-timeout", type=float, default=180.0)
     p.add_argument("--quiet", action="store_true", help="keep Triton's own log in the log file only")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--admin-key", default=os.environ.get("TRITON_ADMIN_KEY", ""),
+                     help="restrict the model-repository, shared-memory, trace and logging APIs to requests with "
+                          "this key (default: $TRITON_ADMIN_KEY; none: unrestricted)")
+    key.add_argument("--admin-key-file", type=Path, help="the same key, read from a file (a secret)")
+    p.add_argument("--admin-header", default="triton-admin-key", help="the header that carries the key")
     a = p.parse_args(argv)
+    admin_key = a.admin_key
+    if a.admin_key_file is not None:
+        try:
+            admin_key = a.admin_key_file.read_text().strip()
+        except OSError as e:
+            raise EmbeddedTritonError(f"--admin-key-file {a.admin_key_file} cannot be read ({e.strerror})") from None
+        if not admin_key:
+            raise EmbeddedTritonError(f"--admin-key-file {a.admin_key_file} is empty")
     return EmbeddedTritonConfig(
         model_repository=a.model_repository, host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
         metrics_port=a.metrics_port, cache_dir=a.cache_dir, model_control_mode=a.model_control_mode,
-        startup_timeout_s=a.startup_timeout, echo_log=not a.quiet)
+        startup_timeout_s=a.startup_timeout, echo_log=not a.quiet, admin_key=admin_key,
+        admin_header=a.admin_header)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"embedded_triton: ready: HTTP {server.http_url}, gRPC {config.host}:{config.grpc_port}, "
           f"metrics {server.metrics_url}; log {server.log_path}; Ctrl-C stops", file=sys.stderr, flush=True)
+    if config.admin_key:
+        print(f"embedded_triton: the model-repository, shared-memory, trace and logging APIs need the header "
+              f"'{config.admin_header}: <the admin key>'", file=sys.stderr, flush=True)
     try:
         while not stop.wait(0.5):
             if not server.running:

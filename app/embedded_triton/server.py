@@ -8,6 +8,7 @@ import glob
 import hashlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,10 @@ from app.embedded_triton.wheel import TritonWheel, find_wheel, server_environmen
 from app.waiting import WaitTimeout, wait_for_http
 
 log = logging.getLogger("embedded_triton")
+# The APIs an admin key restricts: load/unload, shared memory, tracing and logging settings. Inference,
+# health, metadata, model configs and statistics stay open (the shim and Prometheus need no key for them).
+RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
+_ADMIN_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{16,}$")  # Triton's flag syntax leaves no room for , : = or spaces
 # Error lines that a Triton without GPU always prints; they hide the real cause of a failed start.
 HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream",
             # nvImageCodec (resnet50_decode) names the GPU codecs it cannot load; its CPU decoder still works
@@ -50,6 +55,8 @@ class EmbeddedTritonConfig:
     exit_timeout_s: int = 3
     log_verbose: int = 0
     echo_log: bool = False  # also write Triton's log to stderr (the CLI does)
+    admin_key: str = field(default="", repr=False)  # set: RESTRICTED_APIS answer only requests with it
+    admin_header: str = "triton-admin-key"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     gpu: bool = False  # keep KIND_GPU instances (a host with a GPU); by default every instance runs on the CPU
 
@@ -57,9 +64,19 @@ class EmbeddedTritonConfig:
         ports = [self.http_port, self.grpc_port, self.metrics_port]
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
             raise EmbeddedTritonError(f"HTTP, gRPC and metrics ports must be three distinct ports, got {ports}")
+        if self.admin_key and not _ADMIN_KEY.match(self.admin_key):
+            raise EmbeddedTritonError("the admin key must be at least 16 characters of letters, digits and ._~+/- "
+                                      "(e.g. openssl rand -hex 16)")
+        if not re.fullmatch(r"[A-Za-z0-9-]+", self.admin_header):
+            raise EmbeddedTritonError(f"the admin header must be a header name, not {self.admin_header!r}")
         if self.model_control_mode not in {"explicit", "poll", "none"}:
             raise EmbeddedTritonError(f"model control mode must be explicit, poll or none, "
                                       f"not {self.model_control_mode!r}")
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """What a request to a restricted API must carry; {} when nothing is restricted."""
+        return {self.admin_header: self.admin_key} if self.admin_key else {}
 
     @property
     def resolved_cache_dir(self) -> Path:
@@ -135,6 +152,9 @@ class EmbeddedTriton:
             cmd.append("--load-model=*")  # load everything at start; load/unload later through the API
         if c.model_control_mode == "poll":
             cmd.append("--repository-poll-secs=2")
+        if c.admin_key:  # Triton's own syntax: <api>,<api>:<header>=<value>, for HTTP and gRPC alike
+            restricted = f"{','.join(RESTRICTED_APIS)}:{c.admin_header}={c.admin_key}"
+            cmd += [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
         return [*cmd, *c.extra_args]
 
     def start(self) -> Self:

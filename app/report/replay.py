@@ -215,7 +215,8 @@ class InProcess:
             connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
             readiness_timeout_s=settings.readiness_timeout_s, image_shape=self.spec.shape, classes=description.classes,
             max_batch_size=1, transport=settings.transport, uint8_model=settings.uint8_model or description.uint8_model,
-            encoded_model=settings.encoded_model, shm_mode=settings.shm_mode_bits, parameters=description.parameters())
+            encoded_model=settings.encoded_model, shm_mode=settings.shm_mode_bits, parameters=description.parameters(),
+            admin_headers=settings.triton_admin_headers)
         self._triton_info = ""
 
     def check(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import threading
 from pathlib import Path
@@ -22,7 +23,7 @@ def test_new_version_serves_after_load_and_no_request_fails(tmp_path: Path, test
 
     repo = make_test_repo(tmp_path / "triton_repo", test_model_pt, only_resnet50=True)
     v2_model = torch.jit.load(str(seed1_model_pt), map_location="cpu").eval()  # other weights than version 1
-    server = start_triton(repo, tmp_path / "cache")
+    server = start_triton(repo, tmp_path / "cache", admin_key=secrets.token_hex(16))  # as `make run` does
     stop, failures, answered = threading.Event(), [], [0]
     image = np.random.default_rng(3).standard_normal((1, 3, 224, 224), dtype=np.float32)
 
@@ -49,7 +50,7 @@ def test_new_version_serves_after_load_and_no_request_fails(tmp_path: Path, test
         wait_until(lambda: (server.cpu_repo / "resnet50" / "2" / "model.py").is_file(), 10,
                    "the CPU copy to pick up version 2")
         admin = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
-        admin.load_model("resnet50")  # POST /v2/repository/models/resnet50/load
+        admin.load_model("resnet50", headers=server.config.admin_headers)  # POST .../models/resnet50/load
         # Warm before ready: version 2 ran its model_warmup (2 runs of a batch of 8 on each of its 2
         # instances: 32 inferences) before the load call returned. The sender, one request at a time, cannot
         # have sent it 32 requests in the moment since.

@@ -39,6 +39,12 @@ def files(prefix: str) -> list[str]:
     return sorted(p.name for p in shm.SHM_DIR.glob(prefix + "*"))
 
 
+def owner_prefix(pid: int, *, not_in: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+    """The region prefix of the owner (a backend) that process `pid` made, from its lock file."""
+    (token,) = [t for t, info in shm.owners().items() if info.get("pid") == pid and t not in not_in]
+    return f"{shm.PREFIX}_{token}_"
+
+
 @pytest.fixture(scope="module")
 def today(triton: EmbeddedTriton) -> np.ndarray:
     """What the shim sent before transports existed: FP32 tensors in the HTTP body."""
@@ -77,15 +83,16 @@ def test_auto_sends_tensors_when_triton_normalises_on_a_cpu_and_says_why(triton:
 
 
 def test_shared_memory_is_registered_once_and_gone_after_close(triton: EmbeddedTriton) -> None:
-    prefix = shm.worker_prefix()
+    others = set(shm.owners())
     b = backend(triton.http_url, "shm")
     for _ in range(3):  # reused across requests: one pair of regions for this thread
         b.infer(IMAGES[:2], ["a", "b"])
+    prefix = owner_prefix(os.getpid(), not_in=others)
     mine = [n for n in registered(triton) if n.startswith(prefix)]
     assert len(mine) == 2 and len(files(prefix)) == 2, (mine, files(prefix))
     b.close()
     assert [n for n in registered(triton) if n.startswith(prefix)] == []
-    assert files(prefix) == []
+    assert files(prefix) == [] and not (shm.SHM_DIR / f"{prefix[:-1]}{shm.LOCK_SUFFIX}").exists()
 
 
 def test_a_region_triton_cannot_open_falls_back_to_http_and_says_so(
@@ -123,20 +130,20 @@ def test_a_killed_worker_leaves_no_shared_memory_behind(triton: EmbeddedTriton, 
             assert requests.post(served.url + "/predict", files={"image": encode(photo(320, 240))},
                                  timeout=60).status_code == 200
         (worker,) = workers(served)
-        prefix = shm.worker_prefix(worker)
+        prefix = owner_prefix(worker)
         assert files(prefix) and any(n.startswith(prefix) for n in registered(triton))
-        os.kill(worker, signal.SIGKILL)
-        wait_until(lambda: not files(prefix) and not any(n.startswith(prefix) for n in registered(triton)), 60,
-                   "the master to remove the dead worker's regions")
+        os.kill(worker, signal.SIGKILL)  # its lock goes with it: gunicorn's master can take it, and clean up
+        wait_until(lambda: not files(prefix[:-1]) and not any(n.startswith(prefix) for n in registered(triton)),
+                   60, "the master to remove the dead worker's regions and lock file")
         served.wait("/readyz")  # a new worker serves, with regions of its own
         assert requests.post(served.url + "/predict", files={"image": encode(photo(320, 240))},
                              timeout=60).status_code == 200
         (new_worker,) = workers(served)
-        assert files(shm.worker_prefix(new_worker))
+        new_prefix = owner_prefix(new_worker)
+        assert files(new_prefix)
     finally:
         served.stop()
-    new_prefix = shm.worker_prefix(new_worker)
-    assert files(new_prefix) == [] and not any(n.startswith(new_prefix) for n in registered(triton))
+    assert files(new_prefix[:-1]) == [] and not any(n.startswith(new_prefix) for n in registered(triton))
 
 
 def workers(served: ServedApp) -> list[int]:

@@ -227,6 +227,13 @@ ANSWERS: list[tuple[str, str, str, Call, int, dict[str, Any]]] = [
      lambda a: a.client.put("/admin/traffic", json={}, headers=ADMIN), 403, {"admin_token": ""}),
     ("flag file not writable", "PUT", "/admin/traffic",
      lambda a: a.client.put("/admin/traffic", json={"mode": "legacy"}, headers=ADMIN), 409, {"flag_file": "dir"}),
+    ("no flag file", "PUT", "/admin/traffic",
+     lambda a: a.client.put("/admin/traffic", json={"mode": "legacy"}, headers=ADMIN), 409, {"flag_file": None}),
+    ("switch if still the same", "PUT", "/admin/traffic",
+     lambda a: a.client.put("/admin/traffic", json={"mode": "legacy"},
+                            headers={**ADMIN, "If-Match": a.client.get("/traffic").headers["ETag"]}), 200, {}),
+    ("stale If-Match", "PUT", "/admin/traffic",
+     lambda a: a.client.put("/admin/traffic", json={"mode": "legacy"}, headers={**ADMIN, "If-Match": '"0"'}), 412, {}),
 ]
 
 

@@ -1,0 +1,40 @@
+"""What this image can run. The legacy backend needs torch and its TorchScript file; the slim production
+image (Dockerfile, WITH_LEGACY=0) has no torch, so a mode that needs legacy (legacy, shadow, canary, or
+SHIM_FALLBACK) must be refused up front: at start, and at every switch (admin API, flag file).
+
+Light on purpose: gunicorn's master calls it before any worker starts, and it imports neither torch nor
+the shim's metrics. `find_spec` is injectable: tests say "no torch here" without uninstalling it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
+from app.errors import SettingsError
+from app.settings import MODES_USING_LEGACY, Settings
+
+FindSpec = Callable[[str], object | None]
+
+
+def legacy_lacks(model_path: Path, find_spec: FindSpec = importlib.util.find_spec) -> str | None:
+    """What the legacy backend lacks here (named for a person), or None when it can load."""
+    if find_spec("torch") is None:
+        return ("torch is not installed (the image was built with WITH_LEGACY=0; build it with "
+                "--build-arg WITH_LEGACY=1, or pip install '.[legacy]')")
+    if not model_path.is_file():
+        return f"its model file {model_path} does not exist (run `make export` or set SHIM_LEGACY_MODEL_PATH)"
+    return None
+
+
+def check_start(settings: Settings, lacks: str | None) -> None:
+    """Stop start-up when the settings need the legacy backend and it cannot run here."""
+    if not lacks:
+        return
+    if settings.mode in MODES_USING_LEGACY:
+        raise SettingsError(f"SHIM_MODE={settings.mode.value} needs the legacy backend, which cannot run here: "
+                            f"{lacks}; or use SHIM_MODE=triton")
+    if settings.fallback:
+        raise SettingsError(f"SHIM_FALLBACK=true needs the legacy backend, which cannot run here: {lacks}; "
+                            "or set SHIM_FALLBACK=false")

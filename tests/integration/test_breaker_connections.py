@@ -1,0 +1,36 @@
+"""Open/recover cycles of the circuit breaker, against the real Triton: the Triton connections of the
+process stay bounded (each cycle used to leave its health watcher's client, and its socket, behind)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.backends.triton import TritonBackend
+from app.breaker import CircuitBreaker
+from app.embedded_triton import EmbeddedTriton
+from tests.support import connections_to, wait_until
+
+pytestmark = pytest.mark.triton
+CYCLES = 30
+
+
+def test_many_open_and_recover_cycles_leave_no_connection_behind(triton: EmbeddedTriton) -> None:
+    backend = TritonBackend(url=triton.http_url, model="resnet50", version="", connect_timeout_s=1,
+                            network_timeout_s=10, readiness_timeout_s=5, image_shape=(3, 224, 224), classes=1000,
+                            max_batch_size=8, transport="http")
+    breaker = CircuitBreaker("triton", failures=1, reset_s=600, health=lambda: backend.ready().ready,
+                             health_interval_s=0.01)
+    port = triton.config.http_port
+    before = connections_to(port)
+    try:
+        for cycle in range(CYCLES):
+            breaker.record_failure()  # as after a failed batch: the watcher asks Triton until it answers
+            wait_until(lambda: breaker.state == "half_open", 30, f"the health watcher to see Triton ({cycle})",
+                       interval_s=0.01)
+            assert breaker.allow()
+            breaker.record_success()
+        after = connections_to(port)
+    finally:
+        breaker.close()
+        backend.close()
+    assert after - before <= 2, f"{after - before} more connections to Triton after {CYCLES} cycles"

@@ -1,0 +1,83 @@
+"""One thread per worker waits on Triton for readiness; the others get the latest answer at once, with its
+age. The breaker's health watcher is one thread for the breaker's life, however often it opens."""
+
+from __future__ import annotations
+
+import threading
+
+from app.backends.base import Readiness
+from app.breaker import CircuitBreaker
+from app.readiness import SharedCheck
+from tests.support import FakeClock, wait_until
+
+
+class SlowCheck:
+    """A readiness check that blocks until released, and counts how many threads are inside it at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.inside = 0
+        self.most_inside = 0
+        self.answer = Readiness(True, "triton is ready")
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Readiness:
+        with self._lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        self.release.wait(30)
+        with self._lock:
+            self.inside -= 1
+        return self.answer
+
+
+def test_while_one_thread_checks_the_others_get_the_latest_answer_at_once_with_its_age() -> None:
+    clock, check = FakeClock(), SlowCheck()
+    shared = SharedCheck(check, deadline_s=1.0, clock=clock)
+    first = threading.Thread(target=shared)
+    first.start()
+    wait_until(lambda: check.inside == 1, 10, "the first check to start")
+    answers = [shared() for _ in range(20)]  # would block here if each caller checked for itself
+    assert check.most_inside == 1
+    assert all(not a.fresh and not a.readiness.ready for a in answers)
+    assert "first readiness check" in answers[0].readiness.detail
+    check.release.set()
+    first.join(timeout=10)
+
+    check.release.clear()
+    clock.advance(2.0)
+    second = threading.Thread(target=shared)
+    second.start()
+    wait_until(lambda: check.inside == 1, 10, "the second check to start")
+    clock.advance(0.4)
+    latest = shared()
+    assert latest.readiness.ready and latest.readiness.age_s == 2.4 and not latest.fresh
+    clock.advance(0.7)  # the check under way has now waited 1.1 s, past its deadline: "ready" is not repeated
+    stale = shared().readiness
+    assert not stale.ready and "has waited 1.1 s for Triton" in stale.detail, stale
+    check.release.set()
+    second.join(timeout=10)
+    mine = shared()
+    assert mine.fresh and mine.readiness.ready and mine.readiness.age_s == 0.0
+
+
+def test_a_hundred_open_and_recover_cycles_use_one_health_watcher_thread() -> None:
+    watchers: set[threading.Thread] = set()  # the objects, not their idents (a new thread may reuse one)
+
+    def health() -> bool:
+        watchers.add(threading.current_thread())
+        return True
+
+    breaker = CircuitBreaker("cycled", failures=1, reset_s=60, health=health, health_interval_s=0.001)
+    try:
+        for cycle in range(100):
+            breaker.record_failure()
+            wait_until(lambda: breaker.state == "half_open", 10, f"the watcher to see it healthy ({cycle})",
+                       interval_s=0.001)
+            assert breaker.allow()
+            breaker.record_success()
+        threads = [t for t in threading.enumerate() if t.name == "breaker-cycled"]
+        assert len(threads) == 1 and len(watchers) == 1, (threads, watchers)
+    finally:
+        breaker.close()
+    wait_until(lambda: not any(t.name == "breaker-cycled" for t in threading.enumerate()), 10, "the watcher to stop")
