@@ -44,6 +44,12 @@ COLORS = {
     "white": "transparent pixels are composited on white first (Image.alpha_composite on an opaque white image), "
              "then convert('RGB')",
 }
+# The interpolations Triton's decode step (app/triton_models/decode.py, the encoded transport) resizes with: torchvision
+# has a tensor resize for bilinear and bicubic, and Pillow's NEAREST is an index rule; box, hamming and lanczos
+# exist only in Pillow, so a model described with one of them is refused the encoded transport.
+ENCODED_INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic")
+# What the decode step reads from its parameters: every field of [preprocess] that changes pixels.
+DECODE_PARAMETERS = ("resize", "crop", "interpolation", "max_size", "mean", "std", "color")
 SCORES = {"softmax": "the model answers logits; scores are their softmax (one class per image)",
           "sigmoid": "the model answers logits; scores are a sigmoid per class (multi-label)",
           "probabilities": "the model answers probabilities already; scores are its outputs as they are"}
@@ -107,6 +113,34 @@ class ModelDescription:
         else one of this model's own (its mean/std, or its crop, differ)."""
         imagenet = self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and self.crop == 224
         return "normalize" if imagenet else f"{self.name}_normalize"
+
+    @property
+    def decode_model(self) -> str:
+        """The encoded transport's first step: the upload's bytes -> this model's input tensor."""
+        return f"{self.name}_decode"
+
+    @property
+    def encoded_model(self) -> str:
+        """The ensemble of the encoded transport: the upload's bytes -> decode step -> the model."""
+        return f"{self.name}_encoded"
+
+    def encoded_refusal(self) -> str | None:
+        """Why the encoded transport cannot serve this model (None: it can). Its decode step resizes with
+        torchvision's tensor resize, which does only ENCODED_INTERPOLATIONS like Pillow; approximating another
+        filter would change answers silently, so the model keeps the tensor transports."""
+        if self.interpolation not in ENCODED_INTERPOLATIONS:
+            return (f"{self.path}: [preprocess] interpolation = {self.interpolation!r} is one that Triton's decode "
+                    f"step cannot reproduce (it resizes with {', '.join(ENCODED_INTERPOLATIONS)}; torchvision has "
+                    f"no tensor resize for {self.interpolation}), so SHIM_TRANSPORT=encoded cannot serve "
+                    f"{self.name}: use SHIM_TRANSPORT=auto, http, shm, uint8 or uint8-shm (the same answers as the "
+                    "legacy app, bit for bit)")
+        return None
+
+    def decode_parameters(self) -> dict[str, str]:
+        """The parameters of the decode step's config: every pixel-changing field of [preprocess], in
+        parameters()'s spelling (max_size only when set)."""
+        params = self.parameters()
+        return {key: params[key] for key in DECODE_PARAMETERS if key in params}
 
     def model_file(self, version: int | str = 1) -> Path:
         return self.folder / str(version) / "model.pt"
