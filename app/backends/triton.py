@@ -99,15 +99,37 @@ def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Se
     if out["datatype"] != "FP32" or len(out_shape) != 2 or out_shape[1] != classes:
         raise ModelMismatch(f"{where} output '{out['name']}' is {out['datatype']} {out_shape}; the shim expects "
                             f"FP32 [-1, {classes}] (one score per label in its labels file)", backend=NAME)
+    _check_parameters(config, parameters or {}, where=where)
+    max_batch = int(config.get("max_batch_size", 0)) or (in_shape[0] if in_shape[0] > 0 else 1)
+    return ModelSpec(inp["name"], out["name"], max_batch, tuple(meta.get("versions", [])))
+
+
+def _check_parameters(config: dict[str, Any], wanted: Mapping[str, str], *, where: str, every: bool = False) -> None:
+    """The `parameters` a config serves against the shim's description: those it serves (every=False: a
+    hand-written config without them is not compared), or all of them both ways (every=True: a step that
+    reads them, where an absent one changes what it does)."""
     served = {k: str(v.get("string_value", "")) for k, v in config.get("parameters", {}).items() if isinstance(v, dict)}
-    differ = [f"{k}={served[k]!r}, the shim's description says {v!r}" for k, v in (parameters or {}).items()
-              if k in served and served[k] != v]
+    keys = sorted(set(served) | set(wanted)) if every else [k for k in wanted if k in served]
+    differ = [f"{k}={served[k]!r}, the shim's description says {wanted[k]!r}" if k in served and k in wanted else
+              f"{k} not served, the shim's description says {wanted[k]!r}" if k in wanted else
+              f"{k}={served[k]!r}, which the shim's description does not set" for k in keys
+              if served.get(k) != wanted.get(k)]
     if differ:
         raise ModelMismatch(f"{where} was generated from another description: {'; '.join(differ)}. Regenerate its "
                             "repository (tools/export_model.py), or point SHIM_MODEL_REPOSITORY at the one it serves",
                             backend=NAME)
-    max_batch = int(config.get("max_batch_size", 0)) or (in_shape[0] if in_shape[0] > 0 else 1)
-    return ModelSpec(inp["name"], out["name"], max_batch, tuple(meta.get("versions", [])))
+
+
+def decode_step_of(config: dict[str, Any], *, model: str, where: str) -> str:
+    """The encoded ensemble's decode step: the one step that is not `model`, the model the shim serves, which the
+    ensemble must feed (else its answers would be another model's)."""
+    steps = [str(step.get("model_name", "")) for step in config.get("ensemble_scheduling", {}).get("step", [])]
+    others = [name for name in steps if name != model]
+    if model not in steps or len(others) != 1:
+        raise ModelMismatch(f"{where} runs {' -> '.join(steps) or 'no ensemble steps'}; the encoded transport needs a "
+                            f"decode step -> {model}, the model the shim serves (SHIM_MODEL_NAME / SHIM_ENCODED_MODEL)",
+                            backend=NAME)
+    return others[0]
 
 
 def check_encoded_model(meta: dict[str, Any], config: dict[str, Any], *, classes: int, where: str) -> ModelSpec:
@@ -185,13 +207,18 @@ class TritonBackend:
     def __init__(self, *, url: str, model: str, version: str, connect_timeout_s: float, network_timeout_s: float,
                  readiness_timeout_s: float, image_shape: Sequence[int], classes: int, max_batch_size: int,
                  transport: str = "http", uint8_model: str = "", shm_mode: int = 0o600,
-                 parameters: Mapping[str, str] | None = None, encoded_model: str = "") -> None:
+                 parameters: Mapping[str, str] | None = None, encoded_model: str = "",
+                 decode_parameters: Mapping[str, str] | None = None, encoded_refusal: str | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.url, self.model, self.version = url, model, version
         self.uint8_model = uint8_model or f"{model}_uint8"
         self._parameters = dict(parameters or {})  # the description's preprocessing, as its configs carry it
         self.encoded_model = encoded_model or f"{model}_encoded"
+        # The encoded transport: what its decode step must serve (the description's pixel-changing preprocessing),
+        # or why the description cannot be served that way (then readiness says so and nothing is sent).
+        self._decode_parameters = dict(decode_parameters) if decode_parameters is not None else None
+        self._encoded_refusal = encoded_refusal
         self._crop = int(image_shape[-1])
         self._classes, self._max_batch = classes, max_batch_size
         self._wanted = transport
@@ -303,6 +330,10 @@ class TritonBackend:
         """Settle the transport; raises (and settles nothing) while Triton does not answer."""
         self._call(clients, lambda c: c.is_server_live())
         wanted = self._wanted
+        if wanted == ENCODED and self._encoded_refusal:
+            error = ModelMismatch(self._encoded_refusal, backend=NAME)
+            self._log_mismatch(error)
+            raise error
         if wanted == ENCODED:
             return Route(transport=ENCODED, model=self.encoded_model, kind=ENCODED, shm=False,
                          why=f"SHIM_TRANSPORT=encoded: JPEG uploads as they came to {self.encoded_model}, which "
@@ -532,12 +563,16 @@ class TritonBackend:
             meta = self._call(clients, lambda c: c.get_model_metadata(route.model, self.version))
             config = self._call(clients, lambda c: c.get_model_config(route.model, self.version))
             try:
-                self._encoded_spec = check_encoded_model(meta, config, classes=self._classes, where=self._where(route))
+                encoded_spec = check_encoded_model(meta, config, classes=self._classes, where=self._where(route))
+                step = decode_step_of(config, model=self.model, where=self._where(route))
+                if self._decode_parameters is not None:  # its preprocessing, as issue 20's check of the model's
+                    step_config = self._call(clients, lambda c: c.get_model_config(step))
+                    _check_parameters(step_config, self._decode_parameters, every=True,
+                                      where=f"Triton model '{step}' (the decode step of {route.model}) at {self.url}")
+                self._encoded_spec = encoded_spec
             except ModelMismatch as e:
                 self._encoded_spec = None
-                if not self._mismatch_logged:
-                    log.error("%s", e.message)
-                    self._mismatch_logged = True
+                self._log_mismatch(e)
                 raise
             route = self._tensor_route(route)
         meta = self._call(clients, lambda c: c.get_model_metadata(route.model, self.version))
@@ -547,13 +582,16 @@ class TritonBackend:
                                where=self._where(route), datatype=TRITON_DTYPE[route.kind],
                                parameters=self._parameters)
         except ModelMismatch as e:
-            if not self._mismatch_logged:
-                log.error("%s", e.message)  # once: readiness repeats it to whoever asks
-                self._mismatch_logged = True
+            self._log_mismatch(e)
             self._spec = None
             raise
         self._spec, self._spec_checked, self._mismatch_logged = spec, time.monotonic(), False
         return spec
+
+    def _log_mismatch(self, error: ModelMismatch) -> None:
+        if not self._mismatch_logged:
+            log.error("%s", error.message)  # once: readiness repeats it to whoever asks
+            self._mismatch_logged = True
 
     def _call(self, clients: _Clients, call: Callable[[httpclient.InferenceServerClient], T]) -> T:
         """Run one tritonclient call on this thread's client; translate whatever it raises."""

@@ -43,12 +43,12 @@ def kinds() -> dict[str, bytes]:
     }
 
 
-def decode_step(client: Any, data: bytes) -> np.ndarray:
+def decode_step(client: Any, data: bytes, model: str = "resnet50_decode") -> np.ndarray:
     import tritonclient.http as httpclient
 
     tensor = httpclient.InferInput("encoded", [1, len(data)], "UINT8")
     tensor.set_data_from_numpy(np.frombuffer(data, np.uint8).reshape(1, -1), binary_data=True)
-    return client.infer("resnet50_decode", [tensor]).as_numpy("decoded")
+    return client.infer(model, [tensor]).as_numpy("decoded")
 
 
 @pytest.mark.parametrize("kind", list(kinds()))
