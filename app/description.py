@@ -9,11 +9,14 @@ runs it and which file tools/export_model.py exports. Its readers:
   * the shim, at start (app/wiring.py; gunicorn's master checks it before any worker starts): its ImageSpec,
     labels, score function, top-k and class count;
   * tools/export_model.py, which writes from it the model's config.pbtxt, configs/cpu.pbtxt, the
-    `<name>_uint8` ensemble, the normalize step, labels.txt and the TorchScript file;
+    `<name>_uint8` ensemble, the normalize step, the encoded transport's `<name>_encoded` ensemble and
+    `<name>_decode` step (decode_parameters(): every pixel-changing field; encoded_refusal(): why not), labels.txt
+    and the TorchScript file;
   * Triton, through the `parameters` of the generated config.pbtxt (`parameters()` below: resize, crop,
     interpolation, mean, std, scores; strings, as a python-backend model reads them): the shim compares
     what Triton serves with its own description at readiness, and the embedded server's CPU copy refuses
-    a config.pbtxt that is older than its description.
+    a config.pbtxt that is older than its description; the decode step's parameters are checked at readiness on
+    the encoded route (compare_parameters: the one comparison of served parameters with a description).
 No torch here: the production image reads it too. Every error names the file, the field and the fix.
 """
 
@@ -166,14 +169,25 @@ class ModelDescription:
 
     def differences(self, served: Mapping[str, str]) -> list[str]:
         """Where parameters that a config serves disagree with this description (absent ones are not compared)."""
-        return [f"{key}={served[key]!r} where {self.path} says {value!r}" for key, value in self.parameters().items()
-                if key in served and served[key] != value]
+        return compare_parameters(served, self.parameters(), described=str(self.path))
 
     def __str__(self) -> str:
         return (f"{self.name}: Resize({self.resize}, {self.interpolation}"
                 f"{f', max_size={self.max_size}' if self.max_size else ''}), CenterCrop({self.crop}), "
                 f"Normalize({list(self.mean)}, {list(self.std)}); {self.classes} classes, {self.scores}, "
                 f"top-{self.top_k}")
+
+
+def compare_parameters(served: Mapping[str, str], wanted: Mapping[str, str], *, every: bool = False,
+                       described: str = "the description") -> list[str]:
+    """Where the `parameters` a config serves differ from those a description implies, one phrase each: the ones it
+    serves (every=False: a hand-written config without them is not compared), or all of them both ways
+    (every=True: for a step that reads them, where an absent one changes what it does). The one comparison of the
+    shim's readiness (app/backends/triton.py), the embedded server's check and the agreement bench."""
+    keys = [k for k in wanted if k in served] if not every else sorted(set(served) | set(wanted))
+    return [f"{k}={served[k]!r}, {described} says {wanted[k]!r}" if k in served and k in wanted else
+            f"{k} not served, {described} says {wanted[k]!r}" if k in wanted else
+            f"{k}={served[k]!r}, which {described} does not set" for k in keys if served.get(k) != wanted.get(k)]
 
 
 def description_path(repository: Path, model_name: str) -> Path:

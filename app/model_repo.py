@@ -39,9 +39,14 @@ def _dims(values: tuple[int, ...]) -> str:
     return "[ " + ", ".join(str(v) for v in values) + " ]"
 
 
+def _rows(parameters: dict[str, str]) -> str:
+    """A config's `parameters` entries (strings, as a python-backend model and Triton's metadata carry them)."""
+    return ",\n".join(f'  {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+                      for key, value in parameters.items())
+
+
 def _parameters(description: ModelDescription) -> str:
-    rows = ",\n".join(f'  {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
-                      for key, value in description.parameters().items())
+    rows = _rows(description.parameters())
     return f"""
 # The preprocessing and scores of {description.name}/{FILENAME}, served back by Triton as this model's config:
 # the shim checks them against its own description at readiness, and a python-backend step reads them.
@@ -184,20 +189,19 @@ model_warmup [
 """
 
 
-def uint8_ensemble(description: ModelDescription) -> str:
-    d = description
-    return f"""{header(d)}\
-# Ensemble for the shim's `uint8` transport: cropped RGB pixels (UINT8, HWC) -> {d.normalize_model} -> {d.name}.
-# The same scores as {d.name} fed the legacy FP32 tensor, for a quarter of the bytes on the wire.
-name: "{d.uint8_model}"
+def _ensemble(d: ModelDescription, *, name: str, about: str, input_name: str, input_dims: str, first: str,
+              fed: str) -> str:
+    """An ensemble of a description: UINT8 `input_name` -> the `first` step -> the model (fed `fed`) -> its logits."""
+    return f"""{header(d)}{about}\
+name: "{name}"
 platform: "ensemble"
 max_batch_size: {d.max_batch_size}
 
 input [
   {{
-    name: "input__0"
+    name: "{input_name}"
     data_type: TYPE_UINT8
-    dims: {_dims((d.crop, d.crop, 3))}
+    dims: {input_dims}
   }}
 ]
 output [
@@ -210,11 +214,21 @@ output [
 
 ensemble_scheduling {{
   step [
-{_step(d.normalize_model, "input__0", "input__0", "output__0", "normalized")},
-{_model_step(d, "normalized")}
+{first},
+{_model_step(d, fed)}
   ]
 }}
 """
+
+
+def uint8_ensemble(description: ModelDescription) -> str:
+    d = description
+    about = (f"# Ensemble for the shim's `uint8` transport: cropped RGB pixels (UINT8, HWC) -> {d.normalize_model} -> "
+             f"{d.name}.\n# The same scores as {d.name} fed the legacy FP32 tensor, for a quarter of the bytes on the "
+             "wire.\n")
+    first = _step(d.normalize_model, "input__0", "input__0", "output__0", "normalized")
+    return _ensemble(d, name=d.uint8_model, about=about, input_name="input__0", input_dims=_dims((d.crop, d.crop, 3)),
+                     first=first, fed="normalized")
 
 
 def _step(model: str, input_name: str, source: str, output_name: str, target: str, version: int = -1) -> str:
@@ -228,7 +242,8 @@ def _step(model: str, input_name: str, source: str, output_name: str, target: st
 
 def _model_step(d: ModelDescription, source: str) -> str:
     """The last step of every ensemble of a description (uint8, encoded): the model itself, fed `source`.
-    One function, so that a pinned model version (rather than -1, the newest) holds for every ensemble alike."""
+    One function, so that a pinned model version (rather than -1, the newest) holds for every ensemble alike:
+    a version pin of the classifier goes here, not into each ensemble's template."""
     return _step(d.name, "input__0", source, "output__0", "output__0")
 
 
@@ -238,8 +253,6 @@ DECODE_SOURCE = Path(__file__).with_name("triton_models") / "decode.py"
 def decode_config(description: ModelDescription, kind: str = GPU) -> str:
     """The encoded transport's first step: one upload's bytes (UINT8 [-1], ragged) -> FP32 [3, crop, crop]."""
     d = description
-    rows = ",\n".join(f'  {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
-                      for key, value in d.decode_parameters().items())
     return f"""{CPU_NOTE if kind == CPU else ""}{header(d)}\
 # The `encoded` transport's first step: the upload's bytes as they came (UINT8, one image per request) ->
 # decode, Resize, CenterCrop, ToTensor, Normalize on the instance's device -> the FP32 tensor {d.name} takes.
@@ -269,7 +282,7 @@ output [
 ]
 
 parameters [
-{rows}
+{_rows(d.decode_parameters())}
 ]
 
 instance_group [
@@ -287,36 +300,12 @@ dynamic_batching {{
 
 def encoded_ensemble(description: ModelDescription) -> str:
     d = description
-    return f"""{header(d)}\
-# Ensemble for the shim's `encoded` transport: the upload's bytes (UINT8 [1, n], one image per request) ->
-# {d.decode_model} (decode, resize, crop, normalise on the GPU) -> {d.name}. Triton's dynamic batchers merge
-# the requests of every shim worker at each step; an image the decoder refuses fails only its own request.
-name: "{d.encoded_model}"
-platform: "ensemble"
-max_batch_size: {d.max_batch_size}
-
-input [
-  {{
-    name: "encoded"
-    data_type: TYPE_UINT8
-    dims: [ -1 ]
-  }}
-]
-output [
-  {{
-    name: "output__0"
-    data_type: TYPE_FP32
-    dims: [ {d.classes} ]
-  }}
-]
-
-ensemble_scheduling {{
-  step [
-{_step(d.decode_model, "encoded", "encoded", "decoded", "decoded")},
-{_model_step(d, "decoded")}
-  ]
-}}
-"""
+    about = (f"# Ensemble for the shim's `encoded` transport: the upload's bytes (UINT8 [1, n], one image per request) "
+             f"->\n# {d.decode_model} (decode, resize, crop, normalise on the GPU) -> {d.name}. Triton's dynamic "
+             "batchers merge\n# the requests of every shim worker at each step; an image the decoder refuses fails "
+             "only its own request.\n")
+    return _ensemble(d, name=d.encoded_model, about=about, input_name="encoded", input_dims="[ -1 ]",
+                     first=_step(d.decode_model, "encoded", "encoded", "decoded", "decoded"), fed="decoded")
 
 
 ENSEMBLE_README = "An ensemble has no files of its own; Triton needs this version folder to exist.\n"

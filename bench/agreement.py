@@ -79,12 +79,13 @@ class DecodeStep:
 
     def check(self, description: ModelDescription) -> None:
         """The step must decode with the description's preprocessing, as the shim checks it at readiness."""
-        wanted = description.decode_parameters()
-        differ = sorted(k for k in set(wanted) | set(self.parameters) if wanted.get(k) != self.parameters.get(k))
+        from app.description import compare_parameters
+
+        differ = compare_parameters(self.parameters, description.decode_parameters(), every=True,
+                                    described=str(description.path))
         if differ:
-            raise ValueError(f"{self.model} at {self.url} does not decode as {description.path} says: "
-                             + "; ".join(f"{k} {self.parameters.get(k)!r} (the description: {wanted.get(k)!r})"
-                                         for k in differ) + ". Regenerate it (tools/export_model.py)")
+            raise ValueError(f"{self.model} at {self.url} does not decode as its description says: "
+                             f"{'; '.join(differ)}. Regenerate it (tools/export_model.py)")
 
     def _client(self) -> Any:
         client = getattr(self._local, "client", None)

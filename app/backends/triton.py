@@ -8,8 +8,9 @@ Transports (SHIM_TRANSPORT), what a request sends and how:
     uint8-shm  the pixels through shared memory
     encoded    (opt-in, never chosen by auto) the upload's bytes as they came, UINT8 [1, n], one image per
                request from the request thread, to the ensemble that decodes, resizes, crops and normalises
-               them in Triton (resnet50_encoded = resnet50_decode -> resnet50); an upload app/sniff.py keeps
-               in the shim goes as FP32 tensors over HTTP to the model, like `http`
+               them in Triton (<model>_encoded = <model>_decode -> <model>, generated from the description; its
+               readiness checks the decode step's parameters against the description); an upload app/sniff.py
+               keeps in the shim goes as FP32 tensors over HTTP to the model, like `http`
     auto       (the default) pixels when Triton normalises on a GPU (the ensemble's normalize step is
                KIND_GPU), tensors otherwise; shared memory when Triton can map this host's /dev/shm
                (a registration of a probe region succeeds), HTTP otherwise
@@ -44,6 +45,7 @@ from tritonclient.utils import InferenceServerException
 from app import metrics
 from app.backends import shm
 from app.backends.base import ENCODED, FP32, UINT8, Readiness
+from app.description import compare_parameters
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, DecodeRefused, ModelMismatch
 from app.preprocess import Prepared
 from app.settings import TRANSPORTS
@@ -105,15 +107,9 @@ def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Se
 
 
 def _check_parameters(config: dict[str, Any], wanted: Mapping[str, str], *, where: str, every: bool = False) -> None:
-    """The `parameters` a config serves against the shim's description: those it serves (every=False: a
-    hand-written config without them is not compared), or all of them both ways (every=True: a step that
-    reads them, where an absent one changes what it does)."""
+    """The `parameters` a config serves against the shim's description (app.description.compare_parameters)."""
     served = {k: str(v.get("string_value", "")) for k, v in config.get("parameters", {}).items() if isinstance(v, dict)}
-    keys = sorted(set(served) | set(wanted)) if every else [k for k in wanted if k in served]
-    differ = [f"{k}={served[k]!r}, the shim's description says {wanted[k]!r}" if k in served and k in wanted else
-              f"{k} not served, the shim's description says {wanted[k]!r}" if k in wanted else
-              f"{k}={served[k]!r}, which the shim's description does not set" for k in keys
-              if served.get(k) != wanted.get(k)]
+    differ = compare_parameters(served, wanted, every=every, described="the shim's description")
     if differ:
         raise ModelMismatch(f"{where} was generated from another description: {'; '.join(differ)}. Regenerate its "
                             "repository (tools/export_model.py), or point SHIM_MODEL_REPOSITORY at the one it serves",
@@ -431,6 +427,9 @@ class TritonBackend:
         wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
 
         def send(client: httpclient.InferenceServerClient) -> Any:
+            # NOTE: self.version (SHIM_MODEL_VERSION) is the classifier's, but here, as on the uint8 route, it names
+            # a version of the ensemble: a pin of the classifier belongs inside the ensembles, in the one model step
+            # app/model_repo.py's _model_step writes for both.
             try:
                 return client.infer(route.model, [tensor], model_version=self.version, outputs=[wanted],
                                     request_id=request_id)

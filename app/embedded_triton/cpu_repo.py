@@ -208,10 +208,10 @@ def check_decode_step(model_dir: Path, description: ModelDescription) -> None:
     step_dir = model_dir.parent / description.decode_model
     if not (step_dir / "config.pbtxt").is_file():
         return
+    from app.description import compare_parameters
+
     served = {k: v.string_value for k, v in read_config(step_dir / "config.pbtxt").parameters.items()}
-    wanted = description.decode_parameters()
-    stale = [f"{k} {served.get(k, '(missing)')!r} (the description: {wanted.get(k, '(none)')!r})"
-             for k in sorted(set(wanted) | set(served)) if served.get(k) != wanted.get(k)]
+    stale = compare_parameters(served, description.decode_parameters(), every=True, described="the description")
     code = [v / "model.py" for v in step_dir.iterdir() if v.is_dir() and v.name.isdigit()]
     source = model_repo.DECODE_SOURCE.read_text()
     stale += [f"{p.relative_to(step_dir)} (not the shim's app/triton_models/decode.py)" for p in code

@@ -184,7 +184,7 @@ def test_settings_override_labels_and_top_k(tmp_path: Path) -> None:
 def test_a_served_config_from_another_description_is_named() -> None:
     d = load(ROOT / "examples" / "models" / "mobilenet_v3_small" / "model.toml")
     served = {**d.parameters(), "interpolation": "bilinear"}
-    assert d.differences(served) == [f"interpolation='bilinear' where {d.path} says 'bicubic'"]
+    assert d.differences(served) == [f"interpolation='bilinear', {d.path} says 'bicubic'"]
     assert d.differences({"other": "1"}) == []  # a hand-written config without parameters is not compared
 
 

@@ -235,11 +235,11 @@ def test_a_decode_step_older_than_its_description_or_the_shims_code_stops_the_em
                       .replace('{ key: "color", value: { string_value: "convert" } }',
                                '{ key: "max_size", value: { string_value: "300" } }'))
     with pytest.raises(EmbeddedTritonError, match=r"resnet50_decode, the decode step of resnet50, is older than "
-                                                  r"resnet50/model.toml or the shim: color '\(missing\)' \(the "
-                                                  r"description: 'convert'\); interpolation 'bicubic' \(the "
-                                                  r"description: 'bilinear'\); max_size '300' \(the description: "
-                                                  r"'\(none\)'\)\. Run `python tools/export_model.py --model "
-                                                  r"resnet50`"):
+                                                  r"resnet50/model.toml or the shim: color not served, the "
+                                                  r"description says 'convert'; interpolation='bicubic', the "
+                                                  r"description says 'bilinear'; max_size='300', which the "
+                                                  r"description does not set\. Run `python tools/export_model.py "
+                                                  r"--model resnet50`"):
         check_model_files(repo)
     shutil.copy(TRITON_REPO / "resnet50_decode" / "config.pbtxt", config)
     code = repo / "resnet50_decode" / "1" / "model.py"
