@@ -55,7 +55,8 @@ def test_the_committed_configs_are_what_the_default_description_generates() -> N
 
 
 def test_make_export_leaves_nothing_stale() -> None:
-    assert model_repo.stale(load(DEFAULT), TRITON_REPO) == []  # the model.py copy included: `make export` wrote it
+    stale = model_repo.stale(load(DEFAULT), TRITON_REPO)  # the model.py copy included: `make export` writes it
+    assert stale == [], f"{stale}: run `make export` (or tools/export_model.py --configs-only)"
 
 
 def test_the_defaults_are_todays_resnet50() -> None:
