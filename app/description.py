@@ -9,11 +9,14 @@ runs it and which file tools/export_model.py exports. Its readers:
   * the shim, at start (app/wiring.py; gunicorn's master checks it before any worker starts): its ImageSpec,
     labels, score function, top-k and class count;
   * tools/export_model.py, which writes from it the model's config.pbtxt, configs/cpu.pbtxt, the
-    `<name>_uint8` ensemble, the normalize step, labels.txt and the TorchScript file;
+    `<name>_uint8` ensemble, the normalize step, the encoded transport's `<name>_encoded` ensemble and
+    `<name>_decode` step (decode_parameters(): every pixel-changing field; encoded_refusal(): why not), labels.txt
+    and the TorchScript file;
   * Triton, through the `parameters` of the generated config.pbtxt (`parameters()` below: resize, crop,
     interpolation, mean, std, scores; strings, as a python-backend model reads them): the shim compares
     what Triton serves with its own description at readiness, and the embedded server's CPU copy refuses
-    a config.pbtxt that is older than its description.
+    a config.pbtxt that is older than its description; the decode step's parameters are checked at readiness on
+    the encoded route (compare_parameters: the one comparison of served parameters with a description).
 No torch here: the production image reads it too. Every error names the file, the field and the fix.
 """
 
@@ -44,6 +47,12 @@ COLORS = {
     "white": "transparent pixels are composited on white first (Image.alpha_composite on an opaque white image), "
              "then convert('RGB')",
 }
+# The interpolations Triton's decode step (app/triton_models/decode.py, the encoded transport) resizes with: torchvision
+# has a tensor resize for bilinear and bicubic, and Pillow's NEAREST is an index rule; box, hamming and lanczos
+# exist only in Pillow, so a model described with one of them is refused the encoded transport.
+ENCODED_INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic")
+# What the decode step reads from its parameters: every field of [preprocess] that changes pixels.
+DECODE_PARAMETERS = ("resize", "crop", "interpolation", "max_size", "mean", "std", "color")
 SCORES = {"softmax": "the model answers logits; scores are their softmax (one class per image)",
           "sigmoid": "the model answers logits; scores are a sigmoid per class (multi-label)",
           "probabilities": "the model answers probabilities already; scores are its outputs as they are"}
@@ -108,6 +117,34 @@ class ModelDescription:
         imagenet = self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and self.crop == 224
         return "normalize" if imagenet else f"{self.name}_normalize"
 
+    @property
+    def decode_model(self) -> str:
+        """The encoded transport's first step: the upload's bytes -> this model's input tensor."""
+        return f"{self.name}_decode"
+
+    @property
+    def encoded_model(self) -> str:
+        """The ensemble of the encoded transport: the upload's bytes -> decode step -> the model."""
+        return f"{self.name}_encoded"
+
+    def encoded_refusal(self) -> str | None:
+        """Why the encoded transport cannot serve this model (None: it can). Its decode step resizes with
+        torchvision's tensor resize, which does only ENCODED_INTERPOLATIONS like Pillow; approximating another
+        filter would change answers silently, so the model keeps the tensor transports."""
+        if self.interpolation not in ENCODED_INTERPOLATIONS:
+            return (f"{self.path}: [preprocess] interpolation = {self.interpolation!r} is one that Triton's decode "
+                    f"step cannot reproduce (it resizes with {', '.join(ENCODED_INTERPOLATIONS)}; torchvision has "
+                    f"no tensor resize for {self.interpolation}), so SHIM_TRANSPORT=encoded cannot serve "
+                    f"{self.name}: use SHIM_TRANSPORT=auto, http, shm, uint8 or uint8-shm (the same answers as the "
+                    "legacy app, bit for bit)")
+        return None
+
+    def decode_parameters(self) -> dict[str, str]:
+        """The parameters of the decode step's config: every pixel-changing field of [preprocess], in
+        parameters()'s spelling (max_size only when set)."""
+        params = self.parameters()
+        return {key: params[key] for key in DECODE_PARAMETERS if key in params}
+
     def model_file(self, version: int | str = 1) -> Path:
         return self.folder / str(version) / "model.pt"
 
@@ -132,14 +169,25 @@ class ModelDescription:
 
     def differences(self, served: Mapping[str, str]) -> list[str]:
         """Where parameters that a config serves disagree with this description (absent ones are not compared)."""
-        return [f"{key}={served[key]!r} where {self.path} says {value!r}" for key, value in self.parameters().items()
-                if key in served and served[key] != value]
+        return compare_parameters(served, self.parameters(), described=str(self.path))
 
     def __str__(self) -> str:
         return (f"{self.name}: Resize({self.resize}, {self.interpolation}"
                 f"{f', max_size={self.max_size}' if self.max_size else ''}), CenterCrop({self.crop}), "
                 f"Normalize({list(self.mean)}, {list(self.std)}); {self.classes} classes, {self.scores}, "
                 f"top-{self.top_k}")
+
+
+def compare_parameters(served: Mapping[str, str], wanted: Mapping[str, str], *, every: bool = False,
+                       described: str = "the description") -> list[str]:
+    """Where the `parameters` a config serves differ from those a description implies, one phrase each: the ones it
+    serves (every=False: a hand-written config without them is not compared), or all of them both ways
+    (every=True: for a step that reads them, where an absent one changes what it does). The one comparison of the
+    shim's readiness (app/backends/triton.py), the embedded server's check and the agreement bench."""
+    keys = [k for k in wanted if k in served] if not every else sorted(set(served) | set(wanted))
+    return [f"{k}={served[k]!r}, {described} says {wanted[k]!r}" if k in served and k in wanted else
+            f"{k} not served, {described} says {wanted[k]!r}" if k in wanted else
+            f"{k}={served[k]!r}, which {described} does not set" for k in keys if served.get(k) != wanted.get(k)]
 
 
 def description_path(repository: Path, model_name: str) -> Path:

@@ -4,8 +4,9 @@
 
 Pure (no torch): tests/unit/test_model_description.py holds the committed files of triton_repo/ to exactly
 what this writes, and tools/export_model.py writes them. Each generated model is one function below that
-takes the description and returns its files; GENERATED lists them in order. A new transport's models
-(the GPU-decode issue's `<name>_decode` and `<name>_encoded`) are one more function each, appended there.
+takes the description and returns its files; GENERATED lists them in order: the model, the uint8 transports'
+normalize step and ensemble, the encoded transport's decode step (its model.py a copy of app/triton_models/
+decode.py: see copied()) and ensemble. Another transport's models are one more function each, appended there.
 """
 
 from __future__ import annotations
@@ -38,9 +39,14 @@ def _dims(values: tuple[int, ...]) -> str:
     return "[ " + ", ".join(str(v) for v in values) + " ]"
 
 
+def _rows(parameters: dict[str, str]) -> str:
+    """A config's `parameters` entries (strings, as a python-backend model and Triton's metadata carry them)."""
+    return ",\n".join(f'  {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
+                      for key, value in parameters.items())
+
+
 def _parameters(description: ModelDescription) -> str:
-    rows = ",\n".join(f'  {{ key: "{key}", value: {{ string_value: "{value}" }} }}'
-                      for key, value in description.parameters().items())
+    rows = _rows(description.parameters())
     return f"""
 # The preprocessing and scores of {description.name}/{FILENAME}, served back by Triton as this model's config:
 # the shim checks them against its own description at readiness, and a python-backend step reads them.
@@ -183,20 +189,19 @@ model_warmup [
 """
 
 
-def uint8_ensemble(description: ModelDescription) -> str:
-    d = description
-    return f"""{header(d)}\
-# Ensemble for the shim's `uint8` transport: cropped RGB pixels (UINT8, HWC) -> {d.normalize_model} -> {d.name}.
-# The same scores as {d.name} fed the legacy FP32 tensor, for a quarter of the bytes on the wire.
-name: "{d.uint8_model}"
+def _ensemble(d: ModelDescription, *, name: str, about: str, input_name: str, input_dims: str, first: str,
+              fed: str) -> str:
+    """An ensemble of a description: UINT8 `input_name` -> the `first` step -> the model (fed `fed`) -> its logits."""
+    return f"""{header(d)}{about}\
+name: "{name}"
 platform: "ensemble"
 max_batch_size: {d.max_batch_size}
 
 input [
   {{
-    name: "input__0"
+    name: "{input_name}"
     data_type: TYPE_UINT8
-    dims: {_dims((d.crop, d.crop, 3))}
+    dims: {input_dims}
   }}
 ]
 output [
@@ -209,21 +214,98 @@ output [
 
 ensemble_scheduling {{
   step [
-    {{
-      model_name: "{d.normalize_model}"
-      model_version: -1
-      input_map {{ key: "input__0" value: "input__0" }}
-      output_map {{ key: "output__0" value: "normalized" }}
-    }},
-    {{
-      model_name: "{d.name}"
-      model_version: -1
-      input_map {{ key: "input__0" value: "normalized" }}
-      output_map {{ key: "output__0" value: "output__0" }}
-    }}
+{first},
+{_model_step(d, fed)}
   ]
 }}
 """
+
+
+def uint8_ensemble(description: ModelDescription) -> str:
+    d = description
+    about = (f"# Ensemble for the shim's `uint8` transport: cropped RGB pixels (UINT8, HWC) -> {d.normalize_model} -> "
+             f"{d.name}.\n# The same scores as {d.name} fed the legacy FP32 tensor, for a quarter of the bytes on the "
+             "wire.\n")
+    first = _step(d.normalize_model, "input__0", "input__0", "output__0", "normalized")
+    return _ensemble(d, name=d.uint8_model, about=about, input_name="input__0", input_dims=_dims((d.crop, d.crop, 3)),
+                     first=first, fed="normalized")
+
+
+def _step(model: str, input_name: str, source: str, output_name: str, target: str, version: int = -1) -> str:
+    return f"""    {{
+      model_name: "{model}"
+      model_version: {version}
+      input_map {{ key: "{input_name}" value: "{source}" }}
+      output_map {{ key: "{output_name}" value: "{target}" }}
+    }}"""
+
+
+def _model_step(d: ModelDescription, source: str) -> str:
+    """The last step of every ensemble of a description (uint8, encoded): the model itself, fed `source`.
+    One function, so that a pinned model version (rather than -1, the newest) holds for every ensemble alike:
+    a version pin of the classifier goes here, not into each ensemble's template."""
+    return _step(d.name, "input__0", source, "output__0", "output__0")
+
+
+DECODE_SOURCE = Path(__file__).with_name("triton_models") / "decode.py"
+
+
+def decode_config(description: ModelDescription, kind: str = GPU) -> str:
+    """The encoded transport's first step: one upload's bytes (UINT8 [-1], ragged) -> FP32 [3, crop, crop]."""
+    d = description
+    return f"""{CPU_NOTE if kind == CPU else ""}{header(d)}\
+# The `encoded` transport's first step: the upload's bytes as they came (UINT8, one image per request) ->
+# decode, Resize, CenterCrop, ToTensor, Normalize on the instance's device -> the FP32 tensor {d.name} takes.
+# nvImageCodec decodes (nvJPEG on a GPU, libjpeg-turbo on a CPU); torch resizes, crops and normalises
+# (1/model.py, a copy of the shim's app/triton_models/decode.py written by the export, never committed).
+# The parameters are the description's [preprocess]; model.py reads them, as strings, and the shim checks
+# them at readiness. Requests of different lengths batch together (allow_ragged_batch): each is decoded on
+# its own and answered on its own, an error for an image the decoder refuses, which fails no other request.
+name: "{d.decode_model}"
+backend: "python"
+max_batch_size: {d.max_batch_size}
+
+input [
+  {{
+    name: "encoded"
+    data_type: TYPE_UINT8
+    dims: [ -1 ]
+    allow_ragged_batch: true
+  }}
+]
+output [
+  {{
+    name: "decoded"
+    data_type: TYPE_FP32
+    dims: {_dims(d.input_shape)}
+  }}
+]
+
+parameters [
+{_rows(d.decode_parameters())}
+]
+
+instance_group [
+  {{
+    count: {d.instances}
+    kind: {kind}
+  }}
+]
+
+dynamic_batching {{
+  max_queue_delay_microseconds: 500
+}}
+"""
+
+
+def encoded_ensemble(description: ModelDescription) -> str:
+    d = description
+    about = (f"# Ensemble for the shim's `encoded` transport: the upload's bytes (UINT8 [1, n], one image per request) "
+             f"->\n# {d.decode_model} (decode, resize, crop, normalise on the GPU) -> {d.name}. Triton's dynamic "
+             "batchers merge\n# the requests of every shim worker at each step; an image the decoder refuses fails "
+             "only its own request.\n")
+    return _ensemble(d, name=d.encoded_model, about=about, input_name="encoded", input_dims="[ -1 ]",
+                     first=_step(d.decode_model, "encoded", "encoded", "decoded", "decoded"), fed="decoded")
 
 
 ENSEMBLE_README = "An ensemble has no files of its own; Triton needs this version folder to exist.\n"
@@ -246,8 +328,32 @@ def the_uint8_ensemble(d: ModelDescription) -> Files:
             Path(d.uint8_model, "1", "README.md"): ENSEMBLE_README}
 
 
+def the_decode_step(d: ModelDescription) -> Files:
+    """Its configs and its model.py, a copy of DECODE_SOURCE (see copied()); none for a model whose description
+    the encoded transport cannot serve (ModelDescription.encoded_refusal)."""
+    if d.encoded_refusal() is not None:
+        return {}
+    return {Path(d.decode_model, "config.pbtxt"): decode_config(d),
+            Path(d.decode_model, "configs", "cpu.pbtxt"): decode_config(d, CPU),
+            Path(d.decode_model, "1", "model.py"): DECODE_SOURCE.read_text()}
+
+
+def the_encoded_ensemble(d: ModelDescription) -> Files:
+    if d.encoded_refusal() is not None:
+        return {}
+    return {Path(d.encoded_model, "config.pbtxt"): encoded_ensemble(d),
+            Path(d.encoded_model, "1", "README.md"): ENSEMBLE_README}
+
+
 # Every model a description implies, in the order they are written. Append a function to generate another.
-GENERATED: list[Callable[[ModelDescription], Files]] = [the_model, the_normalize_step, the_uint8_ensemble]
+GENERATED: list[Callable[[ModelDescription], Files]] = [the_model, the_normalize_step, the_uint8_ensemble,
+                                                        the_decode_step, the_encoded_ensemble]
+
+
+def copied(rel: Path) -> bool:
+    """A generated file that is a copy of the shim's own source (a decode step's model.py): written by the export
+    into the repository Triton mounts, ignored by git (.gitignore), so that the code lives once."""
+    return rel.name == "model.py"
 
 
 def generated_files(description: ModelDescription) -> Files:

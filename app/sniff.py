@@ -7,7 +7,8 @@ exactly as before, for every upload it refuses. The reasons (the metric shim_enc
 
     format       not a JPEG (PNG, WebP, GIF, BMP, TIFF, an MPO camera file ...): Pillow decodes it here
     jpeg_mode    a JPEG whose pixels are not RGB or grayscale (CMYK or YCCK: Pillow's own CMYK -> RGB rule)
-    limits       over SHIM_MAX_IMAGE_PIXELS, or so elongated that the resize would be (the 413 comes from here)
+    limits       over SHIM_MAX_IMAGE_PIXELS, or so elongated that the resize would be or that max_size leaves no
+                 pixel across (the 413 comes from the CPU path)
     unreadable   empty, or a header Pillow refuses (the 400, or 413 for a bomb, comes from the CPU path)
     decoder_refused  Triton's decoder refused an upload sent to it (counted by app/service.py)
 
@@ -42,7 +43,9 @@ def cpu_reason(data: bytes, spec: ImageSpec) -> str | None:
         return "format"
     if mode not in MODES:
         return "jpeg_mode"
-    new_w, new_h = resized_size(width, height, spec.resize) if width and height else (0, 0)
-    if width * height > spec.max_pixels or new_w * new_h > spec.max_pixels or not width or not height:
+    if not width or not height:
+        return "limits"
+    new_w, new_h = resized_size(width, height, spec.resize, spec.max_size)  # app.preprocess.crop's refusals
+    if width * height > spec.max_pixels or new_w * new_h > spec.max_pixels or new_w < 1 or new_h < 1:
         return "limits"
     return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from app import metrics
 from app.admission import Admission
@@ -23,6 +24,9 @@ from app.settings import MODES_USING_LEGACY, Settings
 from app.shadow import ShadowRunner
 from app.traffic import TrafficFlag, TrafficState
 
+if TYPE_CHECKING:
+    from app.backends.triton import TritonBackend
+
 
 @dataclass(frozen=True)
 class Shim:
@@ -35,25 +39,35 @@ class Shim:
         self.router.close()
 
 
+def triton_backend(settings: Settings, served: Served, *, max_batch_size: int | None = None) -> TritonBackend:
+    """The Triton backend of these settings and this model's description: the shim's, and the migration report's
+    (app/report/replay.py, one image per call). Every model name, tensor shape and preprocessing parameter it
+    checks at readiness comes from the description; the settings override the ensembles' names."""
+    from app.backends.triton import TritonBackend
+
+    description = served.description
+    return TritonBackend(
+        url=settings.triton_host_port, model=description.name, version=settings.model_version,
+        connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
+        readiness_timeout_s=settings.readiness_timeout_s, image_shape=served.spec.shape, classes=description.classes,
+        max_batch_size=settings.max_batch_size if max_batch_size is None else max_batch_size,
+        transport=settings.transport, shm_mode=settings.shm_mode_bits, parameters=description.parameters(),
+        uint8_model=settings.uint8_model or description.uint8_model,
+        encoded_model=settings.encoded_model or description.encoded_model,
+        decode_parameters=description.decode_parameters(), encoded_refusal=description.encoded_refusal(),
+        admin_headers=settings.triton_admin_headers)
+
+
 def build_backends(settings: Settings, served: Served) -> dict[str, Backend]:
     """The real backends. Imported here, not at the top: importing the app package (gunicorn's master
     does) stays light, and tritonclient is created only in the worker that uses it."""
     from app.backends.legacy import LegacyBackend
-    from app.backends.triton import TritonBackend
 
-    description = served.description
     return {
-        TRITON: TritonBackend(
-            url=settings.triton_host_port, model=description.name, version=settings.model_version,
-            connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
-            readiness_timeout_s=settings.readiness_timeout_s, image_shape=served.spec.shape,
-            classes=description.classes, max_batch_size=settings.max_batch_size, transport=settings.transport,
-            uint8_model=settings.uint8_model or description.uint8_model, encoded_model=settings.encoded_model,
-            shm_mode=settings.shm_mode_bits, parameters=description.parameters(),
-            admin_headers=settings.triton_admin_headers),
+        TRITON: triton_backend(settings, served),
         LEGACY: LegacyBackend(model_path=served.legacy_model_path, threads=settings.legacy_threads,
                               max_batch_size=settings.max_batch_size, image_shape=served.spec.shape,
-                              classes=description.classes),
+                              classes=served.description.classes),
     }
 
 

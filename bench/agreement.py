@@ -5,19 +5,21 @@ grayscale, CMYK, EXIF orientations, PNG, WebP, GIF), two tensors:
 
   legacy   app.preprocess: Pillow decode + convert("RGB"), Resize, CenterCrop, ToTensor, Normalize, bit for
            bit what the legacy app's torchvision made
-  encoded  what the encoded transport makes of the same upload: Triton's decode step (`resnet50_decode`, its
+  encoded  what the encoded transport makes of the same upload: Triton's decode step (`<model>_decode`, its
            tensor read back) for an upload app/sniff.py forwards; for the others the shim's own CPU path,
            which is the legacy code (difference 0 by construction, reported as such, with the reason)
 
-Both go through the same real classifier in this process (bench/reference_model.py: EfficientNet-Lite0,
-pretrained): top-1 agreement and top-5 overlap (the share of the legacy top-5 in the encoded top-5), and the
-largest and mean absolute difference of the tensors' values, in pixel levels (1 = one step of 0..255). The
-step's resize, crop, mean and std are read from its config in Triton, the one description both paths use.
+Both are made with the preprocessing of one model's description, and go through that model in this process:
+EfficientNet-Lite0, pretrained, as the tests serve it (bench/reference_model.py: tools/export_model.py's export
+of examples/models/efficientnet_lite0/model.toml, its own Resize(224), mean and std, and its generated decode
+step efficientnet_lite0_decode). Figures: top-1 agreement and top-5 overlap (the share of the legacy top-5 in
+the encoded top-5), and the largest and mean absolute difference of the tensors' values, in pixel levels (1 =
+one step of 0..255). The step Triton serves must carry the description's preprocessing (checked first).
 
 Targets: top-1 agreement >= 99.5 % and mean top-5 overlap >= 99 %: exit 0 when met, 1 when not, 2 when no
 figure could be made.
 
-    python -m bench.agreement                    # starts the wheel's Triton with resnet50_decode's CPU copy
+    python -m bench.agreement                    # starts the wheel's Triton with the decode step's CPU copy
     python -m bench.agreement --triton-url H:P   # a running Triton (a GPU host's, for the GPU's figures)
 """
 
@@ -34,12 +36,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench import corpus
-from bench.reference_model import export_efficientnet_lite0
+from bench import corpus, reference_model
+
+if TYPE_CHECKING:
+    from app.description import ModelDescription
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP1_TARGET, TOP5_TARGET = 0.995, 0.99
@@ -60,7 +64,7 @@ class Row:
 class DecodeStep:
     """Triton's decode step, called one upload per request (as the shim sends them), a client per thread."""
 
-    def __init__(self, url: str, model: str = "resnet50_decode", timeout_s: float = 120) -> None:
+    def __init__(self, url: str, model: str, timeout_s: float = 120) -> None:
         import tritonclient.http as httpclient
 
         self._http, self.url, self.model, self._timeout_s = httpclient, url, model, timeout_s
@@ -73,15 +77,15 @@ class DecodeStep:
         (inp,), (out,) = config["input"], config["output"]
         self.input_name, self.output_name = inp["name"], out["name"]
 
-    def spec(self, max_pixels: int = 40_000_000) -> Any:
-        """The ImageSpec the step's own parameters describe: the legacy path is measured with the same one."""
-        from app.preprocess import ImageSpec
+    def check(self, description: ModelDescription) -> None:
+        """The step must decode with the description's preprocessing, as the shim checks it at readiness."""
+        from app.description import compare_parameters
 
-        p = self.parameters
-        mean = tuple(float(x) for x in p["mean"].split(","))
-        std = tuple(float(x) for x in p["std"].split(","))
-        return ImageSpec(resize=int(p["resize"]), crop=int(p["crop"]), mean=mean, std=std,  # type: ignore[arg-type]
-                         max_pixels=max_pixels)
+        differ = compare_parameters(self.parameters, description.decode_parameters(), every=True,
+                                    described=str(description.path))
+        if differ:
+            raise ValueError(f"{self.model} at {self.url} does not decode as its description says: "
+                             f"{'; '.join(differ)}. Regenerate it (tools/export_model.py)")
 
     def _client(self) -> Any:
         client = getattr(self._local, "client", None)
@@ -140,14 +144,16 @@ def logits_of(model: Any, tensors: Sequence[np.ndarray], batch: int = 16) -> np.
     return np.concatenate(out)
 
 
-def measure(items: Sequence[corpus.Item], step: DecodeStep, *, model_path: Path | None = None,
+def measure(items: Sequence[corpus.Item], step: DecodeStep, description: ModelDescription, *,
             concurrency: int = 4) -> tuple[list[Row], dict[str, Any]]:
-    """Every item through both paths and the reference model: one Row each, and the summary."""
+    """Every item through both paths with `description`'s preprocessing and through its model (model.pt beside
+    it): one Row each, and the summary."""
     import torch
 
     from app.preprocess import decode, to_tensor
 
-    spec = step.spec()
+    step.check(description)
+    spec = description.spec()
     started = time.monotonic()
     legacy = [to_tensor(decode(item.data, spec), spec) for item in items]
     encoded = encoded_tensors(items, step, spec, concurrency)
@@ -157,7 +163,7 @@ def measure(items: Sequence[corpus.Item], step: DecodeStep, *, model_path: Path 
     # Equal tensors give equal logits: the model runs on the pairs that differ (what the figures are about).
     differ = [i for i, lv in enumerate(levels) if lv.max() > 0]
     model = torch.jit.optimize_for_inference(
-        torch.jit.load(str(model_path or export_efficientnet_lite0()), map_location="cpu").eval())
+        torch.jit.load(str(description.model_file()), map_location="cpu").eval())
     a = dict(zip(differ, logits_of(model, [legacy[i] for i in differ]), strict=True)) if differ else {}
     b = dict(zip(differ, logits_of(model, [encoded[i][1] for i in differ]), strict=True)) if differ else {}
     rows = []
@@ -167,7 +173,9 @@ def measure(items: Sequence[corpus.Item], step: DecodeStep, *, model_path: Path 
             top_a, top_b = np.argsort(-a[i])[:K], np.argsort(-b[i])[:K]
             same, overlap = bool(top_a[0] == top_b[0]), len(set(top_a) & set(top_b)) / K
         rows.append(Row(item.name, item.kind, path, float(levels[i].max()), float(levels[i].mean()), same, overlap))
-    return rows, summarize(rows, seconds=time.monotonic() - started, decode_s=decoded_s, classified=len(differ))
+    summary = summarize(rows, seconds=time.monotonic() - started, decode_s=decoded_s, classified=len(differ))
+    summary["model"] = str(description)
+    return rows, summary
 
 
 def summarize(rows: Sequence[Row], **extra: float) -> dict[str, Any]:
@@ -191,7 +199,8 @@ def summarize(rows: Sequence[Row], **extra: float) -> dict[str, Any]:
 def markdown(rows: Sequence[Row], summary: dict[str, Any], where: str) -> str:
     a = summary["all"]
     lines = [f"# Encoded transport: agreement with the legacy path ({where})", "",
-             f"{a['images']} generated uploads (bench/corpus.py); reference model EfficientNet-Lite0 (pretrained), "
+             f"{a['images']} generated uploads (bench/corpus.py); reference model {summary.get('model', '?')} "
+             "(pretrained), "
              f"run on the {summary['classified']} pairs whose tensors differ (equal tensors give equal answers); "
              f"tensor differences in pixel levels (1 = one step of 0..255). Paths: "
              + ", ".join(f"{p} {n}" for p, n in summary["paths"].items()) + ".", "",
@@ -215,20 +224,35 @@ def markdown(rows: Sequence[Row], summary: dict[str, Any], where: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def decode_repo(dest: Path, model: str = "resnet50_decode") -> Path:
-    """A repository holding only the decode step, as committed (its CPU copy is what the embedded Triton serves)."""
+def decode_repo(dest: Path, description: ModelDescription) -> Path:
+    """A repository holding only the description's decode step, as generated (its CPU copy is what the embedded
+    Triton serves)."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    shutil.copytree(ROOT / "triton_repo" / model, dest / model, ignore=shutil.ignore_patterns("__pycache__"))
+    write_decode_step(description, dest)
     return dest
+
+
+def write_decode_step(description: ModelDescription, repo: Path) -> str:
+    """The description's generated decode step (configs and its model.py copy) into `repo`; returns its name."""
+    from app import model_repo
+
+    files = model_repo.the_decode_step(description)
+    if not files:
+        raise ValueError(description.encoded_refusal())
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    return description.decode_model
 
 
 def main(argv: Sequence[str] | None = None, on_ready: Callable[[DecodeStep], None] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.agreement", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--triton-url", help="a running Triton serving the decode step (default: start the wheel's)")
-    p.add_argument("--model", default="resnet50_decode", help="the decode step's name (default resnet50_decode)")
+    p.add_argument("--model", help=f"the decode step's name (default {reference_model.NAME}_decode, generated from "
+                                   "the reference model's description)")
     p.add_argument("--limit", type=int, help="only the first N uploads of the corpus")
     p.add_argument("--concurrency", type=int, default=4, help="uploads in flight to Triton (default 4)")
     p.add_argument("--out", type=Path, help="where results.json and results.md go (default bench/out/<time>-agreement)")
@@ -237,7 +261,7 @@ def main(argv: Sequence[str] | None = None, on_ready: Callable[[DecodeStep], Non
     out.mkdir(parents=True, exist_ok=True)
     print("agreement: making the corpus (cached in .cache/agreement-corpus) and the reference model ...", flush=True)
     items = corpus.cached(limit=args.limit)
-    export_efficientnet_lite0()
+    description = reference_model.reference()
     work = Path(tempfile.mkdtemp(prefix="shim-agreement-"))
     server = None
     try:
@@ -246,19 +270,19 @@ def main(argv: Sequence[str] | None = None, on_ready: Callable[[DecodeStep], Non
             from bench import stack
 
             print("agreement: starting the wheel's Triton with the decode step's CPU copy ...", flush=True)
-            server = stack.start_triton(decode_repo(work / "repo", args.model), work / "triton")
+            server = stack.start_triton(decode_repo(work / "repo", description), work / "triton")
             url = server.http_url
-        step = DecodeStep(url, args.model)
+        step = DecodeStep(url, args.model or description.decode_model)
         if on_ready is not None:
             on_ready(step)
         kinds = "/".join(sorted({str(g.get("kind", "?")) for g in step.instances})) or "?"
-        rows, summary = measure(items, step, concurrency=args.concurrency)
+        rows, summary = measure(items, step, description, concurrency=args.concurrency)
         step.close()
     finally:
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    where = f"Triton at {url}, {args.model} on {kinds}"
+    where = f"Triton at {url}, {step.model} on {kinds}"
     summary["where"] = where
     (out / "results.json").write_text(json.dumps({"summary": summary, "rows": [r.__dict__ for r in rows]}, indent=2))
     (out / "results.md").write_text(markdown(rows, summary, where))

@@ -6,8 +6,9 @@ One run, at most about 8 minutes on the lent host (one H200, 16 cores), writing 
                Triton (the wheel's, KIND_GPU: the libtorch stand-in runs the TorchScript on the GPU) with
                ready-made FP32 batches
   decode       resnet50_decode on the GPU (nvImageCodec's nvJPEG, torch resize): images/s for 640x480 JPEGs,
-               whether a truncated JPEG is refused, and its agreement with the legacy path on the generated
-               corpus (bench/agreement.py: EfficientNet-Lite0's top-1 and top-5, the tensors' differences)
+               whether a truncated JPEG is refused, and the agreement with the legacy path on the generated
+               corpus of efficientnet_lite0_decode (the same code, generated from EfficientNet-Lite0's description:
+               bench/agreement.py, that model's top-1 and top-5 with its own preprocessing, the tensors' differences)
   shim         the shim under gunicorn on the host's cores, one row per transport (http, shm, uint8, encoded)
                at 16, 64 and 256 connections (bench/loadgen.py): images/s, p50/p99, CPU ms per image of the
                shim's and of Triton's processes (/proc)
@@ -115,7 +116,8 @@ def machine() -> dict[str, Any]:
 
 def build_repo(dest: Path, plan: Plan) -> Path:
     """triton_repo's five models of the kit, with a seeded `plan.arch` as resnet50 (max batch 64 for the
-    model-only rows) and the normalize TorchScript, written into `dest` (never into triton_repo)."""
+    model-only rows) and the normalize TorchScript, and the agreement's decode step, written into `dest` (never
+    into triton_repo)."""
     from google.protobuf import text_format
 
     from app.embedded_triton.cpu_repo import read_config
@@ -141,6 +143,15 @@ def build_repo(dest: Path, plan: Plan) -> Path:
             if plan.instances is not None:
                 group.count = plan.instances
         (dest / name / "config.pbtxt").write_text(text_format.MessageToString(config))
+    # The agreement's decode step: the same code, with the reference model's own preprocessing (bench/agreement.py).
+    from bench import agreement, reference_model
+
+    step = agreement.write_decode_step(reference_model.reference(), dest)
+    config = read_config(dest / step / "config.pbtxt")
+    for group in config.instance_group:
+        if plan.instances is not None:
+            group.count = plan.instances
+    (dest / step / "config.pbtxt").write_text(text_format.MessageToString(config))
     write_labels(plan.arch, dest / "resnet50" / "labels.txt")
     if not plan.near_free:
         (dest / "resnet50" / "1").mkdir(exist_ok=True)
@@ -248,7 +259,7 @@ def decode_step(triton: Any, plan: Plan) -> dict[str, Any]:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    from bench import agreement, corpus, stack
+    from bench import agreement, corpus, reference_model, stack
 
     jpegs = stack.sample_jpegs(16)
     counter = [0]
@@ -279,9 +290,10 @@ def decode_step(triton: Any, plan: Plan) -> dict[str, Any]:
             refused[name] = "[decode_refused]" in str(e)
     client.close()
     out["corrupt_jpegs_refused"] = refused
-    step = agreement.DecodeStep(triton.http_url)
+    reference = reference_model.reference()
+    step = agreement.DecodeStep(triton.http_url, reference.decode_model)
     try:
-        rows, summary = agreement.measure(corpus.cached(limit=plan.corpus_limit), step,
+        rows, summary = agreement.measure(corpus.cached(limit=plan.corpus_limit), step, reference,
                                           concurrency=16 if plan.gpu else 2)
     finally:
         step.close()
@@ -360,7 +372,8 @@ def markdown(data: dict[str, Any]) -> str:
                   f"({d['decode_images_per_s']['threads']} clients); the encoded ensemble (decode + model): "
                   f"{d['encoded_ensemble_images_per_s']['images_per_s']} images/s",
                   f"- corrupt JPEGs refused: {d['corrupt_jpegs_refused']}",
-                  f"- agreement with the legacy path, {a['images']} uploads: top-1 {a['top1_agreement']:.2%}, mean "
+                  f"- agreement with the legacy path ({d['agreement'].get('model', '?')}), {a['images']} uploads: "
+                  f"top-1 {a['top1_agreement']:.2%}, mean "
                   f"top-5 overlap {a['top5_overlap']:.2%}, tensor max {a['max_levels']:.2f} / mean "
                   f"{a['mean_levels']:.4f} pixel levels ({'MET' if d['agreement']['met'] else 'NOT MET'}: targets "
                   f"99.5 % and 99 %)", ""]

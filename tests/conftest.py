@@ -30,7 +30,10 @@ TEST_ARCH = "resnet18"  # same input and output shapes as resnet50, a third of t
 # Two more classifiers, each with its own preprocessing, labels and legacy transform (examples/transforms.py),
 # served by the session's Triton beside resnet50: their descriptions are examples/models/<name>/model.toml.
 OWN_MODELS = ("efficientnet_lite0", "mobilenet_v3_small")
-OWN_MODELS_DIR = ROOT / "examples" / "models"
+# The own model whose encoded transport the session's Triton serves too (efficientnet_lite0_decode and _encoded:
+# the agreement gate's step and tests/integration/test_own_models.py's encoded answers); the other's decode step
+# is generated but left out, one torch stub fewer to start (its resize is tests/unit/test_decode_step.py's).
+ENCODED_OWN_MODELS = ("efficientnet_lite0",)
 SERVER_FIXTURES = {"triton", "triton_client", "shim_triton", "shim_legacy", "legacy_app", "switchable"}
 
 
@@ -168,25 +171,23 @@ def make_test_repo(dest: Path, model_pt: Path, *, only_resnet50: bool = False) -
 
 
 def export_own_models() -> Path:
-    """OWN_MODELS exported by tools/export_model.py into .cache/test-models/repo once (kept while current)."""
-    import contextlib
-    import io
+    """OWN_MODELS exported by tools/export_model.py into .cache/test-models/repo once (kept while current): the
+    repository bench/agreement.py's reference model (EfficientNet-Lite0) comes from too."""
+    from bench.reference_model import REPO, export_example
 
-    from tools import export_model
-
-    cache = ROOT / ".cache" / "test-models" / "repo"
     for name in OWN_MODELS:
-        with contextlib.redirect_stdout(io.StringIO()):
-            export_model.main([str(OWN_MODELS_DIR / name / "model.toml"), "--repo", str(cache)])
-    return cache
+        export_example(name, REPO)
+    return REPO
 
 
 def add_own_models(dest: Path) -> None:
-    """The own models' folders (and their uint8 ensembles and normalize steps) into a test repository; the shared
-    `normalize` step is the repository's own."""
+    """The own models' folders (their uint8 ensembles and normalize steps, and ENCODED_OWN_MODELS' decode steps and
+    encoded ensembles) into a test repository; the shared `normalize` step is the repository's own."""
     cache = export_own_models()
+    left_out = {f"{name}_{suffix}" for name in set(OWN_MODELS) - set(ENCODED_OWN_MODELS)
+                for suffix in ("decode", "encoded")}
     for folder in sorted(cache.iterdir()):
-        if folder.name != "normalize" and folder.name.startswith(OWN_MODELS):
+        if folder.name not in left_out | {"normalize"} and folder.name.startswith(OWN_MODELS):
             shutil.copytree(folder, dest / folder.name, symlinks=True,
                             ignore=shutil.ignore_patterns("model.pt", "__pycache__"))
             for model_pt in folder.glob("[0-9]*/model.pt"):

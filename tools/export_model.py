@@ -17,6 +17,9 @@ From one description it writes (app/model_repo.py has the templates):
                                                   and its output checked against [1, classes]
   <name>_uint8/                                   the ensemble of the uint8 transports
   normalize/ or <name>_normalize/                 its ToTensor + Normalize step, with this model's mean/std
+  <name>_encoded/, <name>_decode/                 the encoded transport's ensemble and its decode step, whose
+                                                  1/model.py is a copy of app/triton_models/decode.py (none
+                                                  for an interpolation the step cannot reproduce: it says why)
 A description given from elsewhere is copied to <repo>/<name>/model.toml, where the shim reads it.
 
 Weights: with seeded weights (no `weights`, no $SHIM_MODEL_WEIGHTS) the architecture, shapes and speed are
@@ -342,6 +345,13 @@ def _build(description: ModelDescription, info: dict[str, object]) -> Any:
     return build_efficientnet_lite(description.source.value, description.classes, description.crop)
 
 
+def no_encoded(description: ModelDescription) -> None:
+    refusal = description.encoded_refusal()
+    if refusal is not None:
+        print(f"export_model: no {description.encoded_model} / {description.decode_model} (the encoded transport): "
+              f"{refusal}")
+
+
 def export(description: ModelDescription, repo: Path, args: argparse.Namespace) -> Path:
     """Everything the description implies into `repo`; returns the model.pt. Checks all before it writes anything."""
     info = _source_info(description, args)
@@ -362,6 +372,7 @@ def export(description: ModelDescription, repo: Path, args: argparse.Namespace) 
     repo_description = load(placed)
     for rel in model_repo.write(repo_description, repo):
         print(f"export_model: wrote {repo / rel}")
+    no_encoded(repo_description)
     repo_description.labels.write_text("\n".join(labels) + "\n")
     if current:
         print(f"export_model: {target} is already {info}, kept (--force re-exports)")
@@ -395,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1 if stale else 0
         for rel in model_repo.write(description, args.repo):
             print(f"export_model: wrote {args.repo / rel}")
+        no_encoded(description)
         return 0
     export(description, args.repo, args)
     return 0

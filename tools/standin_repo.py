@@ -10,8 +10,9 @@ Two users, both of which must never touch triton_repo/ itself:
 Every model keeps its committed config (names, dtypes, dims, max batch, dynamic batching, instance
 groups); a `pytorch_libtorch` model becomes a python-backend model whose model.py comes from
 tools/standin_models/. Other models (preprocess, the ensembles) are copied as they are, except that a
-python-backend model whose model.py imports torch or nvImageCodec (resnet50_decode, the encoded transport's
-decoder) and the ensembles that use it are left out unless `keep_torch_models` (the front-end benchmark's
+python-backend model whose model.py imports torch or nvImageCodec (the generated `<name>_decode` steps of the
+encoded transport, whose model.py the export copies from app/triton_models/decode.py; left out too before the
+export wrote it) and the ensembles that use it are left out unless `keep_torch_models` (the front-end benchmark's
 `encoded` row keeps them: its Triton runs in the project's virtualenv, which has torch).
 """
 
@@ -53,7 +54,8 @@ def left_out(source: Path) -> set[str]:
 
     dirs = model_dirs(source)
     configs = {name: read_config(d / "config.pbtxt") for name, d in dirs.items()}
-    out = {name for name, d in dirs.items() if configs[name].backend == "python" and imports_torch(d)}
+    out = {name for name, d in dirs.items() if configs[name].backend == "python"
+           and (imports_torch(d) or not any(d.glob("*/model.py")))}  # a decode step the export has not written yet
     while True:
         more = {name for name, c in configs.items() if name not in out
                 and any(step.model_name in out for step in c.ensemble_scheduling.step)}

@@ -8,8 +8,9 @@ Transports (SHIM_TRANSPORT), what a request sends and how:
     uint8-shm  the pixels through shared memory
     encoded    (opt-in, never chosen by auto) the upload's bytes as they came, UINT8 [1, n], one image per
                request from the request thread, to the ensemble that decodes, resizes, crops and normalises
-               them in Triton (resnet50_encoded = resnet50_decode -> resnet50); an upload app/sniff.py keeps
-               in the shim goes as FP32 tensors over HTTP to the model, like `http`
+               them in Triton (<model>_encoded = <model>_decode -> <model>, generated from the description; its
+               readiness checks the decode step's parameters against the description); an upload app/sniff.py
+               keeps in the shim goes as FP32 tensors over HTTP to the model, like `http`
     auto       (the default) pixels when Triton normalises on a GPU (the ensemble's normalize step is
                KIND_GPU), tensors otherwise; shared memory when Triton can map this host's /dev/shm
                (a registration of a probe region succeeds), HTTP otherwise
@@ -48,6 +49,7 @@ from app.backends import shm
 from app.backends.base import ENCODED, FP32, UINT8, Readiness
 from app.backends.ensemble import pin_problem
 from app.backends.regions import Pair, SenderPairs
+from app.description import compare_parameters
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, DecodeRefused, ModelMismatch
 from app.preprocess import Prepared
 from app.settings import TRANSPORTS
@@ -104,15 +106,31 @@ def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Se
     if out["datatype"] != "FP32" or len(out_shape) != 2 or out_shape[1] != classes:
         raise ModelMismatch(f"{where} output '{out['name']}' is {out['datatype']} {out_shape}; the shim expects "
                             f"FP32 [-1, {classes}] (one score per label in its labels file)", backend=NAME)
+    _check_parameters(config, parameters or {}, where=where)
+    max_batch = int(config.get("max_batch_size", 0)) or (in_shape[0] if in_shape[0] > 0 else 1)
+    return ModelSpec(inp["name"], out["name"], max_batch, tuple(meta.get("versions", [])))
+
+
+def _check_parameters(config: dict[str, Any], wanted: Mapping[str, str], *, where: str, every: bool = False) -> None:
+    """The `parameters` a config serves against the shim's description (app.description.compare_parameters)."""
     served = {k: str(v.get("string_value", "")) for k, v in config.get("parameters", {}).items() if isinstance(v, dict)}
-    differ = [f"{k}={served[k]!r}, the shim's description says {v!r}" for k, v in (parameters or {}).items()
-              if k in served and served[k] != v]
+    differ = compare_parameters(served, wanted, every=every, described="the shim's description")
     if differ:
         raise ModelMismatch(f"{where} was generated from another description: {'; '.join(differ)}. Regenerate its "
                             "repository (tools/export_model.py), or point SHIM_MODEL_REPOSITORY at the one it serves",
                             backend=NAME)
-    max_batch = int(config.get("max_batch_size", 0)) or (in_shape[0] if in_shape[0] > 0 else 1)
-    return ModelSpec(inp["name"], out["name"], max_batch, tuple(meta.get("versions", [])))
+
+
+def decode_step_of(config: dict[str, Any], *, model: str, where: str) -> str:
+    """The encoded ensemble's decode step: the one step that is not `model`, the model the shim serves, which the
+    ensemble must feed (else its answers would be another model's)."""
+    steps = [str(step.get("model_name", "")) for step in config.get("ensemble_scheduling", {}).get("step", [])]
+    others = [name for name in steps if name != model]
+    if model not in steps or len(others) != 1:
+        raise ModelMismatch(f"{where} runs {' -> '.join(steps) or 'no ensemble steps'}; the encoded transport needs a "
+                            f"decode step -> {model}, the model the shim serves (SHIM_MODEL_NAME / SHIM_ENCODED_MODEL)",
+                            backend=NAME)
+    return others[0]
 
 
 def check_encoded_model(meta: dict[str, Any], config: dict[str, Any], *, classes: int, where: str) -> ModelSpec:
@@ -183,6 +201,7 @@ class TritonBackend:
                  readiness_timeout_s: float, image_shape: Sequence[int], classes: int, max_batch_size: int,
                  transport: str = "http", uint8_model: str = "", shm_mode: int = 0o600,
                  parameters: Mapping[str, str] | None = None, encoded_model: str = "",
+                 decode_parameters: Mapping[str, str] | None = None, encoded_refusal: str | None = None,
                  admin_headers: Mapping[str, str] | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
@@ -190,6 +209,10 @@ class TritonBackend:
         self.uint8_model = uint8_model or f"{model}_uint8"
         self._parameters = dict(parameters or {})  # the description's preprocessing, as its configs carry it
         self.encoded_model = encoded_model or f"{model}_encoded"
+        # The encoded transport: what its decode step must serve (the description's pixel-changing preprocessing),
+        # or why the description cannot be served that way (then readiness says so and nothing is sent).
+        self._decode_parameters = dict(decode_parameters) if decode_parameters is not None else None
+        self._encoded_refusal = encoded_refusal
         self._crop = int(image_shape[-1])
         self._classes, self._max_batch = classes, max_batch_size
         self._wanted = transport
@@ -307,6 +330,10 @@ class TritonBackend:
         """Settle the transport; raises (and settles nothing) while Triton does not answer."""
         self._call(clients, lambda c: c.is_server_live())
         wanted = self._wanted
+        if wanted == ENCODED and self._encoded_refusal:
+            error = ModelMismatch(self._encoded_refusal, backend=NAME)
+            self._log_mismatch(error)
+            raise error
         if wanted == ENCODED:
             return Route(transport=ENCODED, model=self.encoded_model, kind=ENCODED, shm=False,
                          why=f"SHIM_TRANSPORT=encoded: JPEG uploads as they came to {self.encoded_model}, which "
@@ -421,6 +448,9 @@ class TritonBackend:
         wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
 
         def send(client: httpclient.InferenceServerClient) -> Any:
+            # NOTE: self.version (SHIM_MODEL_VERSION) is the classifier's, but here, as on the uint8 route, it names
+            # a version of the ensemble: a pin of the classifier belongs inside the ensembles, in the one model step
+            # app/model_repo.py's _model_step writes for both.
             try:
                 return client.infer(route.model, [tensor], model_version=route.version, outputs=[wanted],
                                     request_id=request_id)
@@ -574,12 +604,16 @@ class TritonBackend:
                 problem = pin_problem(config, ensemble=route.model, classifier=self.model, pin=self.version)
                 if problem:  # the ensemble would run another version of the classifier than the one pinned
                     raise ModelMismatch(f"{self._where(route)}: {problem}", backend=NAME)
-                self._encoded_spec = check_encoded_model(meta, config, classes=self._classes, where=self._where(route))
+                encoded_spec = check_encoded_model(meta, config, classes=self._classes, where=self._where(route))
+                step = decode_step_of(config, model=self.model, where=self._where(route))
+                if self._decode_parameters is not None:  # its preprocessing, as issue 20's check of the model's
+                    step_config = self._call(clients, lambda c: c.get_model_config(step))
+                    _check_parameters(step_config, self._decode_parameters, every=True,
+                                      where=f"Triton model '{step}' (the decode step of {route.model}) at {self.url}")
+                self._encoded_spec = encoded_spec
             except ModelMismatch as e:
                 self._encoded_spec = None
-                if not self._mismatch_logged:
-                    log.error("%s", e.message)
-                    self._mismatch_logged = True
+                self._log_mismatch(e)
                 raise
             route = self._tensor_route(route)
         meta = self._call(clients, lambda c: c.get_model_metadata(route.model, route.version))
@@ -593,13 +627,16 @@ class TritonBackend:
                                where=self._where(route), datatype=TRITON_DTYPE[route.kind],
                                parameters=self._parameters)
         except ModelMismatch as e:
-            if not self._mismatch_logged:
-                log.error("%s", e.message)  # once: readiness repeats it to whoever asks
-                self._mismatch_logged = True
+            self._log_mismatch(e)
             self._spec = None
             raise
         self._spec, self._spec_checked, self._mismatch_logged = spec, time.monotonic(), False
         return spec
+
+    def _log_mismatch(self, error: ModelMismatch) -> None:
+        if not self._mismatch_logged:
+            log.error("%s", error.message)  # once: readiness repeats it to whoever asks
+            self._mismatch_logged = True
 
     def _call(self, clients: _Clients, call: Callable[[httpclient.InferenceServerClient], T]) -> T:
         """Run one tritonclient call on this thread's client; translate whatever it raises."""

@@ -21,11 +21,15 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from app.embedded_triton.errors import EmbeddedTritonError
+
+if TYPE_CHECKING:
+    from app.description import ModelDescription
 
 STANDIN = Path(__file__).with_name("libtorch_standin.py")
 LIBTORCH_PLATFORMS = {"pytorch_libtorch"}
@@ -169,7 +173,7 @@ def sync_cpu_repo(source: Path, target: Path, cpus: int | None = None, gpu: bool
     return changed
 
 
-def check_description(model_dir: Path, config: mc.ModelConfig) -> None:
+def check_description(model_dir: Path, config: mc.ModelConfig) -> ModelDescription:
     """A model with a description (model.toml): its config.pbtxt must carry what the description implies (name,
     dims, class count, batch size, the preprocessing parameters), or Triton would serve another model than the
     shim expects. Backend, instances and batching may differ (stand-ins, benchmark variants, the CPU copy)."""
@@ -192,19 +196,48 @@ def check_description(model_dir: Path, config: mc.ModelConfig) -> None:
         raise EmbeddedTritonError(f"{model_dir}/config.pbtxt is older than {model_dir.name}/model.toml: "
                                   f"{'; '.join(stale)}. Run `python tools/export_model.py --model {model_dir.name}` "
                                   f"(--configs-only: without torch)")
+    return description
+
+
+def check_decode_step(model_dir: Path, description: ModelDescription) -> None:
+    """A model's generated decode step (<name>_decode, the encoded transport), where the repository has one: its
+    parameters must be the description's and its model.py the shim's app/triton_models/decode.py, or Triton
+    would decode with another preprocessing or older code than the shim expects."""
+    from app import model_repo
+
+    step_dir = model_dir.parent / description.decode_model
+    if not (step_dir / "config.pbtxt").is_file():
+        return
+    from app.description import compare_parameters
+
+    served = {k: v.string_value for k, v in read_config(step_dir / "config.pbtxt").parameters.items()}
+    stale = compare_parameters(served, description.decode_parameters(), every=True, described="the description")
+    code = [v / "model.py" for v in step_dir.iterdir() if v.is_dir() and v.name.isdigit()]
+    source = model_repo.DECODE_SOURCE.read_text()
+    stale += [f"{p.relative_to(step_dir)} (not the shim's app/triton_models/decode.py)" for p in code
+              if p.is_file() and p.read_text() != source]
+    if stale:
+        raise EmbeddedTritonError(f"{step_dir.name}, the decode step of {description.name}, is older than "
+                                  f"{model_dir.name}/model.toml or the shim: {'; '.join(stale)}. Run `python "
+                                  f"tools/export_model.py --model {description.name}` (--configs-only: without torch)")
 
 
 def check_model_files(source: Path) -> None:
-    """Fail early, with the command to run, when a libtorch model has no TorchScript file yet, or a model's
-    config is older than its description."""
+    """Fail early, with the command to run, when a libtorch model has no TorchScript file yet, a python-backend
+    model no model.py (a decode step's is written by the export), or a model's generated files are older than its
+    description."""
     for name, model_dir in model_dirs(source).items():
         config = read_config(model_dir / "config.pbtxt")
         if (model_dir / "model.toml").is_file():
-            check_description(model_dir, config)
+            check_decode_step(model_dir, check_description(model_dir, config))
+        versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+        if config.backend == "python" and not any((v / "model.py").is_file() for v in versions):
+            raise EmbeddedTritonError(f"{model_dir}/<version>/model.py is missing (the python-backend model '{name}' "
+                                      "has no code yet; a decode step's is a copy the export writes): run "
+                                      "`make export` (or tools/export_model.py for your model)")
         if not is_libtorch(config):
             continue
         filename = config.default_model_filename or "model.pt"
-        versions = [p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
         if not any((v / filename).is_file() for v in versions):
             raise EmbeddedTritonError(f"{model_dir}/<version>/{filename} is missing (model '{name}' has no "
                                       "weights yet); run `make export`")

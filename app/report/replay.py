@@ -189,7 +189,7 @@ class InProcess:
 
     def __init__(self, settings: Settings, *, k: int | None = None, legacy_load_timeout_s: float = 300) -> None:
         from app.backends.legacy import LegacyBackend
-        from app.backends.triton import TritonBackend
+        from app.wiring import triton_backend
 
         self.settings = settings
         try:  # the model's description: its preprocessing, labels, scores and top-k, as the shim has them
@@ -210,13 +210,7 @@ class InProcess:
         self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=settings.legacy_threads,
                                     max_batch_size=1, image_shape=self.spec.shape,
                                     load_timeout_s=legacy_load_timeout_s, classes=description.classes)
-        self.triton = TritonBackend(
-            url=settings.triton_host_port, model=description.name, version=settings.model_version,
-            connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
-            readiness_timeout_s=settings.readiness_timeout_s, image_shape=self.spec.shape, classes=description.classes,
-            max_batch_size=1, transport=settings.transport, uint8_model=settings.uint8_model or description.uint8_model,
-            encoded_model=settings.encoded_model, shm_mode=settings.shm_mode_bits, parameters=description.parameters(),
-            admin_headers=settings.triton_admin_headers)
+        self.triton = triton_backend(settings, self.served, max_batch_size=1)
         self._triton_info = ""
 
     def check(self) -> None:

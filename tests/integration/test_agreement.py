@@ -1,12 +1,13 @@
 """The encoded transport's agreement gate on the generated corpus, against the real Triton's decode step
-(its CPU copy): the figures README states, measured on every `make test` (python -m bench.agreement)."""
+(its CPU copy): the figures README states, measured on every `make test` (python -m bench.agreement), with the
+model the other tests serve (EfficientNet-Lite0, tools/export_model.py's export) and its own preprocessing."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.embedded_triton import EmbeddedTriton
-from bench import agreement, corpus
+from bench import agreement, corpus, reference_model
 
 pytestmark = pytest.mark.triton
 
@@ -16,9 +17,11 @@ def test_the_cpu_copy_agrees_with_the_legacy_path_on_the_whole_corpus(triton: Em
     assert len(items) >= 200
     assert {i.kind for i in items} == set(corpus.KINDS)
     assert min(i.width * i.height for i in items) == 1 and max(max(i.width, i.height) for i in items) == 4000
-    step = agreement.DecodeStep(triton.http_url)
+    description = reference_model.reference()  # the session's repository has its decode step (tests/conftest.py)
+    assert (description.resize, description.mean) == (224, (127 / 255,) * 3)  # its own, not resnet50's
+    step = agreement.DecodeStep(triton.http_url, description.decode_model)
     try:
-        rows, summary = agreement.measure(items, step)
+        rows, summary = agreement.measure(items, step, description)
     finally:
         step.close()
     assert summary["met"], agreement.markdown(rows, summary, "the session's Triton")

@@ -43,12 +43,12 @@ def kinds() -> dict[str, bytes]:
     }
 
 
-def decode_step(client: Any, data: bytes) -> np.ndarray:
+def decode_step(client: Any, data: bytes, model: str = "resnet50_decode") -> np.ndarray:
     import tritonclient.http as httpclient
 
     tensor = httpclient.InferInput("encoded", [1, len(data)], "UINT8")
     tensor.set_data_from_numpy(np.frombuffer(data, np.uint8).reshape(1, -1), binary_data=True)
-    return client.infer("resnet50_decode", [tensor]).as_numpy("decoded")
+    return client.infer(model, [tensor]).as_numpy("decoded")
 
 
 @pytest.mark.parametrize("kind", list(kinds()))
@@ -63,14 +63,20 @@ def test_the_decode_step_gives_the_legacy_tensor_within_one_pixel_level(triton_c
     assert diff.mean() <= ONE_LEVEL * 0.05, (kind, diff.mean())  # at most 5% of the values one level off
 
 
-def encoded_backend(triton: EmbeddedTriton) -> TritonBackend:
-    return TritonBackend(url=triton.http_url, model="resnet50", version="", connect_timeout_s=1,
-                         network_timeout_s=60, readiness_timeout_s=5, image_shape=SPEC.shape, classes=1000,
-                         max_batch_size=32, transport="encoded")
+def encoded_backend(triton: EmbeddedTriton, repo: Path) -> TritonBackend:
+    """The shim's own (app/wiring.py): readiness checks the decode step's parameters against the description."""
+    from app.description import resolve
+    from app.settings import Settings
+    from app.wiring import triton_backend
+
+    settings = Settings(triton_url=triton.http_url, model_repository=repo, transport="encoded",
+                        triton_timeout_s=60, readiness_timeout_s=5)
+    return triton_backend(settings, resolve(settings))
 
 
-def test_the_backend_sends_uploads_as_they_came_and_a_refusal_is_the_images(triton: EmbeddedTriton) -> None:
-    backend = encoded_backend(triton)
+def test_the_backend_sends_uploads_as_they_came_and_a_refusal_is_the_images(triton: EmbeddedTriton,
+                                                                            test_repo: Path) -> None:
+    backend = encoded_backend(triton, test_repo)
     tensors = TritonBackend(url=triton.http_url, model="resnet50", version="", connect_timeout_s=1,
                             network_timeout_s=60, readiness_timeout_s=5, image_shape=SPEC.shape, classes=1000,
                             max_batch_size=32, transport="http")

@@ -7,12 +7,15 @@ description (examples/models/<name>/model.toml, exported by tools/export_model.p
 (SHIM_MODEL_NAME=<name>, shadow mode, the override header on) answer the same uploads the same way through
 Triton and through the legacy backend; shadow comparisons match; a switch to triton takes effect; the uint8
 ensemble with the model's own normalize step gives the tensors' answers. The migration report and the
-benchmark run against mobilenet_v3_small.
+benchmark run against mobilenet_v3_small. The encoded transport, generated from EfficientNet-Lite0's description
+(efficientnet_lite0_decode -> efficientnet_lite0), answers like that model's legacy app, and readiness checks
+its decode step's parameters against the shim's description.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,7 +30,8 @@ from app.description import ModelDescription, load
 from app.embedded_triton import EmbeddedTriton
 from app.preprocess import crop, decode, normalize
 from app.promtext import scrape, total
-from tests.conftest import OWN_MODELS, stop_soon
+from tests.conftest import ENCODED_OWN_MODELS, OWN_MODELS, stop_soon
+from tests.integration.test_encoded import decode_step, kinds, metric, triton_count
 from tests.support import ROOT, encode, photo, wait_until
 from tests.uploads import Upload, valid_uploads
 from tools import launch
@@ -201,3 +205,88 @@ def test_the_benchmark_runs_for_mobilenet(own: Own, triton: EmbeddedTriton, tmp_
     assert set(rows) == {"legacy", "triton-batching", "direct"}, rows.keys()
     assert all(row["errors"] == 0 and row["answers"] > 0 for row in rows.values()), \
         {c: (r["answers"], r["errors"], r["error_kinds"], r["unfinished"]) for c, r in rows.items()}
+
+
+# -- the encoded transport, generated from the model's description ------------------------------------------------
+
+def test_the_encoded_transport_answers_like_the_models_own_legacy_app(own: Own, triton: EmbeddedTriton,
+                                                                      triton_client: object,
+                                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """EfficientNet-Lite0 (its own Resize(224), mean and std, pretrained): every upload through the shim with
+    SHIM_TRANSPORT=encoded gets the legacy app's classes; the JPEGs went to Triton as they came."""
+    from app.preprocess import to_tensor
+    from app.sniff import cpu_reason
+
+    if own.name not in ENCODED_OWN_MODELS:
+        pytest.skip("the session's Triton serves the encoded transport of one own model (tests/conftest.py)")
+    d = own.description
+    uploads = [(u.name, u.files["image"][1]) for u in UPLOADS] + list(kinds().items())
+    forwarded = [(name, data) for name, data in uploads if cpu_reason(data, d.spec()) is None]
+    assert len(forwarded) >= 8, [n for n, _ in forwarded]
+    shim = launch.start_shim(tmp_path_factory.mktemp(f"encoded-{own.name}"), {
+        "SHIM_TRITON_URL": triton.http_url, "SHIM_MODEL_REPOSITORY": str(own.repo), "SHIM_MODEL_NAME": own.name,
+        "SHIM_MODE": "triton", "SHIM_TRANSPORT": "encoded", "SHIM_WORKERS": "1", "SHIM_TRITON_TIMEOUT_S": "60"})
+    try:
+        shim.wait("/readyz")  # triton mode: ready once the ensemble and its decode step's parameters are checked
+        readyz = requests.get(shim.url + "/readyz", timeout=10).json()
+        assert readyz["transport"] == "encoded" and d.encoded_model in readyz["backends"]["triton"]["detail"], readyz
+        sent = triton_count(triton, d.encoded_model)
+        worst_score = 0.0
+        for name, data in uploads:
+            got = requests.post(shim.url + "/predict", files={"image": ("upload", data)}, timeout=120)
+            want = requests.post(own.legacy_app.url + "/predict", files={"image": ("upload", data)}, timeout=120)
+            assert got.status_code == want.status_code == 200, (name, got.text, want.text)
+            assert got.headers["X-Shim-Backend"] == "triton"
+            mine, theirs = got.json()["predictions"], want.json()["predictions"]
+            assert mine[0] == {**theirs[0], "score": mine[0]["score"]}, name  # the same top-1 class and label
+            # The same top-k classes; two whose scores tie within the tensors' noise may swap places below the top.
+            assert {(p["class_id"], p["label"]) for p in mine} == {(p["class_id"], p["label"]) for p in theirs}, name
+            scores = {p["class_id"]: p["score"] for p in theirs}
+            worst_score = max(worst_score, *(abs(p["score"] - scores[p["class_id"]]) for p in mine))
+        assert triton_count(triton, d.encoded_model) - sent == len(forwarded)  # the JPEGs went as they came
+        assert metric(shim.url, "shim_encoded_cpu_path_total") == len(uploads) - len(forwarded)
+        assert worst_score < 0.01, worst_score  # measured: 0.0007 (tensors within one pixel level)
+    finally:
+        stop_soon(shim)
+    # The tensor the decode step made, against the legacy app's: within one pixel level (1/255) everywhere
+    # (measured on these 11 JPEGs: at most 0.24 % of the values one level off).
+    level = 1 / 255 / max(d.std)
+    for name, data in forwarded:
+        got = decode_step(triton_client, data, d.decode_model)[0]
+        want = to_tensor(decode(data, d.spec()), d.spec())
+        assert np.abs(got - want).max() <= level * 1.001, (name, np.abs(got - want).max() / level)
+
+
+def test_readiness_on_the_encoded_route_checks_the_decode_steps_parameters(own: Own, triton: EmbeddedTriton,
+                                                                           tmp_path: Path) -> None:
+    """A description that says bicubic where the served decode step was generated with bilinear keeps /readyz at
+    503 naming the parameter; one the step cannot reproduce (lanczos) is refused with the reason."""
+    import shutil
+
+    from app import create_app
+    from app.settings import Mode, Settings
+
+    if own.name not in ENCODED_OWN_MODELS:
+        pytest.skip("the session's Triton serves the encoded transport of one own model (tests/conftest.py)")
+    folder = tmp_path / own.name
+    folder.mkdir()
+    shutil.copy(own.description.labels, folder / "labels.txt")
+    text = own.description.path.read_text()
+    cases = {"bilinear": r"is ready .*transport encoded",
+             "bicubic": rf"Triton model '{own.name}_decode' \(the decode step of {own.name}_encoded\) at .* was "
+                        r"generated from another description: interpolation='bilinear', the shim's description says "
+                        r"'bicubic'\. Regenerate",
+             "lanczos": r"interpolation = 'lanczos' is one that Triton's decode step cannot reproduce .* "
+                        rf"SHIM_TRANSPORT=encoded cannot serve {own.name}: use SHIM_TRANSPORT=auto"}
+    for interpolation, says in cases.items():
+        (folder / "model.toml").write_text(text.replace('interpolation = "bilinear"',
+                                                        f'interpolation = "{interpolation}"'))
+        app = create_app(Settings(model_repository=tmp_path, model_name=own.name, triton_url=triton.http_url,
+                                  transport="encoded", mode=Mode.TRITON, flag_file=tmp_path / f"{interpolation}.json"))
+        try:
+            answer = app.test_client().get("/readyz")
+        finally:
+            app.extensions["shim"].close()
+        detail = answer.get_json()["backends"]["triton"]["detail"]
+        assert answer.status_code == (200 if interpolation == "bilinear" else 503), detail
+        assert re.search(says, detail), detail

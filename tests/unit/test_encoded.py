@@ -56,6 +56,38 @@ def test_jpegs_over_the_pixel_limits_stay_in_the_shim_which_answers_413() -> Non
     assert cpu_reason(encode(photo(400, 300), "JPEG"), spec) == "limits"  # 120,000 pixels
     assert cpu_reason(encode(photo(300, 10), "JPEG"), spec) == "limits"  # resizes to 7680 x 256
     assert cpu_reason(encode(photo(300, 200), "JPEG"), spec) is None
+    # max_size (a model's own): the resize the decode step would do, as app.preprocess.crop computes it
+    capped = ImageSpec(resize=160, crop=150, max_size=180)
+    assert cpu_reason(encode(photo(4000, 3), "JPEG"), capped) == "limits"  # the short side resizes to 0 px
+    assert cpu_reason(encode(photo(4000, 30), "JPEG"), capped) is None  # 180 x 1
+
+
+def test_the_decode_steps_served_parameters_are_checked_both_ways() -> None:
+    from app.backends.triton import _check_parameters, decode_step_of
+    from app.errors import ModelMismatch
+
+    wanted = {"resize": "256", "interpolation": "bilinear"}
+
+    def config(**params: str) -> dict[str, Any]:
+        return {"parameters": {k: {"string_value": v} for k, v in params.items()}}
+
+    _check_parameters(config(**wanted), wanted, where="step", every=True)
+    with pytest.raises(ModelMismatch, match=r"step was generated from another description: interpolation='bicubic', "
+                                            r"the shim's description says 'bilinear'; max_size='300', which the "
+                                            r"shim's description does not set\. Regenerate"):
+        _check_parameters(config(resize="256", interpolation="bicubic", max_size="300"), wanted, where="step",
+                          every=True)
+    with pytest.raises(ModelMismatch, match=r"interpolation not served, the shim's description says 'bilinear'"):
+        _check_parameters(config(resize="256"), wanted, where="step", every=True)
+    _check_parameters(config(resize="256"), wanted, where="model")  # the model's own: only what it serves
+
+    def ensemble(*steps: str) -> dict[str, Any]:
+        return {"ensemble_scheduling": {"step": [{"model_name": name} for name in steps]}}
+
+    assert decode_step_of(ensemble("m_decode", "m"), model="m", where="e") == "m_decode"
+    with pytest.raises(ModelMismatch, match=r"e runs m_decode -> other; the encoded transport needs a decode step -> "
+                                            r"m, the model the shim serves"):
+        decode_step_of(ensemble("m_decode", "other"), model="m", where="e")
 
 
 class Apps:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from app import model_repo
-from app.description import DescriptionError, ModelDescription, load, parse, resolve
+from app.description import DescriptionError, load, parse, resolve
 from app.settings import Settings
 from tests.support import ROOT, TRITON_REPO
 from tools import export_model
@@ -35,10 +36,27 @@ def test_the_committed_configs_are_what_the_default_description_generates() -> N
     files = model_repo.generated_files(description)
     assert set(files) == {Path("resnet50/config.pbtxt"), Path("resnet50/configs/cpu.pbtxt"),
                           Path("normalize/config.pbtxt"), Path("normalize/configs/cpu.pbtxt"),
-                          Path("resnet50_uint8/config.pbtxt"), Path("resnet50_uint8/1/README.md")}
+                          Path("resnet50_uint8/config.pbtxt"), Path("resnet50_uint8/1/README.md"),
+                          Path("resnet50_decode/config.pbtxt"), Path("resnet50_decode/configs/cpu.pbtxt"),
+                          Path("resnet50_decode/1/model.py"), Path("resnet50_encoded/config.pbtxt"),
+                          Path("resnet50_encoded/1/README.md")}
+    committed = subprocess.run(["git", "ls-files", "triton_repo"], cwd=ROOT, capture_output=True, text=True,
+                               check=True).stdout.split()
     for rel, text in files.items():
+        if model_repo.copied(rel):  # the decode step's code: a copy the export writes, never committed
+            assert f"triton_repo/{rel.as_posix()}" not in committed, rel
+            assert text == (ROOT / "app" / "triton_models" / "decode.py").read_text()
+            continue
+        assert f"triton_repo/{rel.as_posix()}" in committed, rel
         assert (TRITON_REPO / rel).read_text() == text, f"{rel} differs: `python tools/export_model.py --configs-only`"
-    assert model_repo.stale(description, TRITON_REPO) == []
+    ignored = subprocess.run(["git", "check-ignore", "-q", "triton_repo/resnet50_decode/1/model.py"], cwd=ROOT,
+                             check=False)
+    assert ignored.returncode == 0, "the decode step's model.py copy must be ignored by git"
+
+
+def test_make_export_leaves_nothing_stale() -> None:
+    stale = model_repo.stale(load(DEFAULT), TRITON_REPO)  # the model.py copy included: `make export` writes it
+    assert stale == [], f"{stale}: run `make export` (or tools/export_model.py --configs-only)"
 
 
 def test_the_defaults_are_todays_resnet50() -> None:
@@ -76,18 +94,32 @@ def test_a_model_with_its_own_mean_and_std_gets_its_own_normalize_step() -> None
     assert shared == (TRITON_REPO / "normalize" / "config.pbtxt").read_text()
 
 
-def test_later_transports_add_one_template_function(tmp_path: Path) -> None:
-    """The GPU-decode issue's <name>_decode is one more entry of GENERATED, reading the same parameters."""
-    def decode_step(d: ModelDescription) -> model_repo.Files:
-        params = "".join(f"{k}={v};" for k, v in d.parameters().items() if k in ("resize", "crop", "interpolation"))
-        return {Path(f"{d.name}_decode", "config.pbtxt"): params}
+def test_the_encoded_transports_models_are_generated_from_the_same_description() -> None:
+    """<name>_decode carries every pixel-changing field of [preprocess]; <name>_encoded feeds it to the model."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
 
-    model_repo.GENERATED.append(decode_step)
-    try:
-        files = model_repo.generated_files(load(ROOT / "examples" / "models" / "mobilenet_v3_small" / "model.toml"))
-    finally:
-        model_repo.GENERATED.remove(decode_step)
-    assert files[Path("mobilenet_v3_small_decode/config.pbtxt")] == "resize=232;crop=224;interpolation=bicubic;"
+    d = load(ROOT / "examples" / "models" / "mobilenet_v3_small" / "model.toml")
+    files = model_repo.generated_files(d)
+    step = text_format.Parse(files[Path("mobilenet_v3_small_decode/config.pbtxt")], mc.ModelConfig())
+    assert {k: v.string_value for k, v in step.parameters.items()} == {
+        "resize": "232", "crop": "224", "interpolation": "bicubic", "mean": "0.485,0.456,0.406",
+        "std": "0.229,0.224,0.225", "color": "convert"}
+    assert (step.name, step.backend, list(step.output[0].dims)) == ("mobilenet_v3_small_decode", "python",
+                                                                    [3, 224, 224])
+    ensemble = text_format.Parse(files[Path("mobilenet_v3_small_encoded/config.pbtxt")], mc.ModelConfig())
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["mobilenet_v3_small_decode",
+                                                                         "mobilenet_v3_small"]
+    assert list(ensemble.output[0].dims) == [10]
+    # The ensembles' model step is one template: a version pin there holds for uint8 and encoded alike.
+    uint8 = text_format.Parse(files[Path("mobilenet_v3_small_uint8/config.pbtxt")], mc.ModelConfig())
+    last = [e.ensemble_scheduling.step[-1] for e in (uint8, ensemble)]
+    assert [(m.model_name, m.model_version, dict(m.output_map)) for m in last] == [
+        ("mobilenet_v3_small", -1, {"output__0": "output__0"})] * 2
+    assert [dict(m.input_map) for m in last] == [{"input__0": "normalized"}, {"input__0": "decoded"}]
+    assert files[Path("mobilenet_v3_small_decode/1/model.py")] == model_repo.DECODE_SOURCE.read_text()
+    assert parse({"name": "x", "model": {"torchvision": "resnet18"}, "preprocess": {"max_size": 300}},
+                 Path("/repo/x/model.toml")).decode_parameters()["max_size"] == "300"
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -153,7 +185,7 @@ def test_settings_override_labels_and_top_k(tmp_path: Path) -> None:
 def test_a_served_config_from_another_description_is_named() -> None:
     d = load(ROOT / "examples" / "models" / "mobilenet_v3_small" / "model.toml")
     served = {**d.parameters(), "interpolation": "bilinear"}
-    assert d.differences(served) == [f"interpolation='bilinear' where {d.path} says 'bicubic'"]
+    assert d.differences(served) == [f"interpolation='bilinear', {d.path} says 'bicubic'"]
     assert d.differences({"other": "1"}) == []  # a hand-written config without parameters is not compared
 
 

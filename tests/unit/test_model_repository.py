@@ -13,7 +13,7 @@ from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTr
 from app.embedded_triton.cpu_repo import cpu_config, read_config, sync_cpu_repo
 from app.embedded_triton.wheel import TritonWheel, find_wheel
 from app.preprocess import ImageSpec
-from tests.support import TRITON_REPO, free_ports
+from tests.support import ROOT, TRITON_REPO, free_ports
 
 MODELS = sorted(p.parent.name for p in TRITON_REPO.glob("*/config.pbtxt"))
 
@@ -89,16 +89,16 @@ def test_the_encoded_ensemble_feeds_the_decode_steps_tensor_to_resnet50() -> Non
 
 
 def test_the_decode_step_reads_the_legacy_transforms_from_its_parameters() -> None:
-    """The names issue 20's model description generates: resize, crop, interpolation, mean, std (strings)."""
+    """What the model description generates for it: resize, crop, interpolation, mean, std, color (strings)."""
     step = read_config(TRITON_REPO / "resnet50_decode" / "config.pbtxt")
     params = {k: v.string_value for k, v in step.parameters.items()}
-    assert set(params) == {"resize", "crop", "interpolation", "mean", "std"}
+    assert set(params) == {"resize", "crop", "interpolation", "mean", "std", "color"}
     spec = ImageSpec()
     assert (int(params["resize"]), int(params["crop"]), params["interpolation"]) == (spec.resize, spec.crop, "bilinear")
     assert tuple(float(x) for x in params["mean"].split(",")) == spec.mean
     assert tuple(float(x) for x in params["std"].split(",")) == spec.std
     assert list(step.output[0].dims) == [3, spec.crop, spec.crop]
-    source = (TRITON_REPO / "resnet50_decode" / "1" / "model.py").read_text()
+    source = (ROOT / "app" / "triton_models" / "decode.py").read_text()  # every <name>_decode/1/model.py
     for number in ("256", "224", "0.485", "0.229"):  # the numbers live in the config, not the code
         assert number not in source, number
 
@@ -237,3 +237,35 @@ def test_the_preprocess_model_carries_the_default_descriptions_preprocessing() -
     assert {k: params[k] for k in ("resize", "crop", "mean", "std")} == {k: described[k] for k in
                                                                        ("resize", "crop", "mean", "std")}
     assert described["interpolation"] == "bilinear"  # what preprocess/1/model.py does
+
+
+def test_a_decode_step_older_than_its_description_or_the_shims_code_stops_the_embedded_server(tmp_path: Path) -> None:
+    import shutil
+
+    from app.embedded_triton.cpu_repo import check_model_files
+
+    repo = tmp_path / "repo"
+    for name in ("resnet50", "resnet50_decode"):
+        shutil.copytree(TRITON_REPO / name, repo / name, ignore=shutil.ignore_patterns("model.pt", "labels.txt"))
+    (repo / "resnet50" / "1").mkdir(exist_ok=True)
+    (repo / "resnet50" / "1" / "model.pt").write_bytes(b"weights")
+    check_model_files(repo)  # as exported: fine
+    config = repo / "resnet50_decode" / "config.pbtxt"
+    config.write_text(config.read_text().replace('string_value: "bilinear"', 'string_value: "bicubic"')
+                      .replace('{ key: "color", value: { string_value: "convert" } }',
+                               '{ key: "max_size", value: { string_value: "300" } }'))
+    with pytest.raises(EmbeddedTritonError, match=r"resnet50_decode, the decode step of resnet50, is older than "
+                                                  r"resnet50/model.toml or the shim: color not served, the "
+                                                  r"description says 'convert'; interpolation='bicubic', the "
+                                                  r"description says 'bilinear'; max_size='300', which the "
+                                                  r"description does not set\. Run `python tools/export_model.py "
+                                                  r"--model resnet50`"):
+        check_model_files(repo)
+    shutil.copy(TRITON_REPO / "resnet50_decode" / "config.pbtxt", config)
+    code = repo / "resnet50_decode" / "1" / "model.py"
+    code.write_text(code.read_text() + "\n# an older copy\n")
+    with pytest.raises(EmbeddedTritonError, match=r"1/model.py \(not the shim's app/triton_models/decode.py\)"):
+        check_model_files(repo)
+    code.unlink()
+    with pytest.raises(EmbeddedTritonError, match=r"resnet50_decode/<version>/model.py is missing .*run `make export`"):
+        check_model_files(repo)
