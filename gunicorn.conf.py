@@ -58,6 +58,17 @@ def on_starting(server):
     os.makedirs(_metrics_dir, exist_ok=True)
 
 
+# Behind nginx (SHIM_PROXY_LOG_ADDRESS set): nginx's answers counted in /metrics by a process of the master's.
+_proxy_log = []
+
+
+def when_ready(server):
+    if _settings.proxy_log_address:
+        from app.proxy_log import Supervisor
+
+        _proxy_log.append(Supervisor(_settings.proxy_log_address).start())
+
+
 def child_exit(server, worker):
     from app.backends.shm import forget_worker
     from app.metrics import mark_worker_dead
@@ -76,5 +87,7 @@ def worker_exit(server, worker):
 
 
 def on_exit(server):
+    for supervisor in _proxy_log:
+        supervisor.stop()
     for folder in _scratch:
         shutil.rmtree(folder, ignore_errors=True)

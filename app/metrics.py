@@ -61,6 +61,10 @@ CIRCUIT_OPEN = Gauge(
 TRANSPORT = Gauge(
     "shim_transport", "1 for the transport a worker sends to Triton with (SHIM_TRANSPORT, as settled)",
     ["transport"], multiprocess_mode="liveall")
+PROXY_RESPONSES = Counter(
+    "shim_proxy_responses", "Answers of the nginx in front of the shim (deploy/nginx), from its access log "
+    "(SHIM_PROXY_LOG_SOCKET): by path (/predict, /healthz, /readyz, other), HTTP status and, when nginx "
+    "answered itself, its reason (empty: the shim's own answer, passed on)", ["path", "status", "reason"])
 INFLIGHT = Gauge(
     "shim_inflight_requests", "POST /predict requests being handled now", multiprocess_mode="livesum")
 
@@ -68,6 +72,10 @@ INFLIGHT = Gauge(
 TRANSPORTS = ("http", "shm", "uint8", "uint8-shm")
 FALLBACK_REASONS = ("backend_unavailable", "backend_timeout", "backend_error", "circuit_open")
 SHADOW_RESULTS = ("match", "mismatch", "error", "skipped")
+# Why nginx answered a request itself (deploy/nginx/nginx.conf.template, map $shim_refusal).
+PROXY_REASONS = ("client_limit", "overloaded", "too_large", "invalid_body", "bad_request", "client_timeout",
+                 "client_closed", "backend_unavailable", "backend_timeout", "proxy_error")
+PROXY_PATHS = ("/predict", "/healthz", "/readyz")  # every other path counts as "other"
 
 
 def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
