@@ -1,4 +1,9 @@
-"""python -m app.embedded_triton: serve a model repository with the wheel's Triton until Ctrl-C."""
+"""python -m app.embedded_triton: serve a model repository with the wheel's Triton until Ctrl-C.
+
+    python -m app.embedded_triton [options] [-- tritonserver options...]
+
+Options after `--` are passed on to tritonserver as they are (e.g. --http-restricted-api=...).
+"""
 
 from __future__ import annotations
 
@@ -25,11 +30,13 @@ def parse_args(argv: list[str] | None) -> EmbeddedTritonConfig:
     p.add_argument("--model-control-mode", choices=["explicit", "poll", "none"], default="explicit")
     p.add_argument("--startup-timeout", type=float, default=180.0)
     p.add_argument("--quiet", action="store_true", help="keep Triton's own log in the log file only")
+    p.add_argument("tritonserver_args", nargs="*", metavar="-- TRITONSERVER_OPTION",
+                   help="after `--`: options passed on to tritonserver")
     a = p.parse_args(argv)
     return EmbeddedTritonConfig(
         model_repository=a.model_repository, host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
         metrics_port=a.metrics_port, cache_dir=a.cache_dir, model_control_mode=a.model_control_mode,
-        startup_timeout_s=a.startup_timeout, echo_log=not a.quiet)
+        startup_timeout_s=a.startup_timeout, echo_log=not a.quiet, extra_args=tuple(a.tritonserver_args))
 
 
 def main(argv: list[str] | None = None) -> int:
