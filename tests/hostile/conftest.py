@@ -88,10 +88,12 @@ class Stack:
                 for s in promtext.scrape(self.shim.url + "/metrics", timeout_s=10)
                 if s.name == "shim_proxy_responses_total"}
 
-    def nginx_private_kib(self) -> int:
-        """The private memory of nginx's processes (master and workers), from /proc/<pid>/smaps_rollup."""
+    def nginx_private_kib(self, front: proxy.Proxy | None = None) -> int:
+        """The private memory of an nginx's processes (master and workers; the stack's by default), from
+        /proc/<pid>/smaps_rollup."""
         total = 0
-        for pid in [self.proxy.process.pid, *worker_pids(self.proxy.process.pid)]:
+        master = (front or self.proxy).process.pid
+        for pid in [master, *worker_pids(master)]:
             with contextlib.suppress(OSError):
                 for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                     if line.startswith(("Private_Clean:", "Private_Dirty:")):

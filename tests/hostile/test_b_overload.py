@@ -7,9 +7,11 @@ for the record, the same flood straight at gunicorn, as `make run` serves it.
 Where the times come from. The flood generator (bench/loadgen.py, one Python process) shares this machine's
 two cores with nginx, gunicorn and Triton and uses about one of them by itself, so what it measures includes
 its own scheduling delays. The outcomes are therefore asserted on what the server did, from nginx's access
-log: $request_time for nginx's own refusals, $upstream_response_time for what gunicorn answered (the upload
-was already buffered by nginx, so a client slow to send it is not counted against the shim). The generator's
-own figures are printed beside them. Health probes are asserted as their clients saw them.
+log: for nginx's own refusals, $request_time at the edge (too many of one address: refused before the body
+is read) or the time in the admission server (the budget spent: refused once the body is complete, what the
+client took to send it being the client's), and gunicorn's own time for what it answered (the upload was
+already buffered by nginx, so a client slow to send it is not counted against the shim). The generator's own
+figures are printed beside them. Health probes are asserted as their clients saw them.
 
 What bounds an accepted request's latency. Each gunicorn worker holds at most SHIM_MAX_PENDING /predict
 requests (decoding, waiting for their CPU turn in arrival order, or waiting for Triton) and refuses one more
@@ -73,13 +75,15 @@ def test_a_flood_is_refused_fast_and_health_stays_fast(healthy: Stack, figures: 
             closed = time.time()
             sample = predict(stack.proxy_port, stack.image)  # one more request, read whole: headers and body
     # The server's side: /predict requests that started within the measured window. nginx's own refusals are
-    # timed by $request_time; what gunicorn answered by $upstream_response_time (the shim's own time: the
-    # upload was already buffered by nginx, so a client slow to send it is not counted against the shim).
+    # timed from the moment nginx could refuse them (the edge's: $request_time; the admission server's: its own
+    # time, the body being complete); what gunicorn answered by its own time (the upload was already buffered
+    # by nginx, so a client slow to send it is not counted against the shim).
     window = [e for e in stack.log_since(mark) if e["path"] == "/predict"
               and opened <= float(e["time_unix"]) - float(e["request_time_s"]) and float(e["time_unix"]) <= closed]
     accepted = [float(e["upstream_time_s"]) for e in window if e["status"] == 200]
     refused = [e for e in window if e["status"] == 503]
-    by_nginx = [float(e["request_time_s"]) for e in refused if not e["upstream"]]
+    by_nginx = [float(e["admission_time_s"] if e["refusal"] == "overloaded" else e["request_time_s"])
+                for e in refused if not e["upstream"]]
     by_shim = [float(e["upstream_time_s"]) for e in refused if e["upstream"]]
     other = sorted({e["status"] for e in window} - {200, 503})
     rate = len(accepted) / (closed - opened)

@@ -173,7 +173,10 @@ def test_kubernetes_restricts_tritons_admin_apis_with_the_key_of_a_secret_it_doe
     (env,) = [e for e in triton["env"] if e["name"] == "TRITON_ADMIN_KEY"]
     assert env["valueFrom"]["secretKeyRef"] == {"name": "triton-admin", "key": "key"}  # not optional
     assert not [o for o in k8s_objects() if o["kind"] == "Secret"], "a secret value is committed"
-    assert "create secret generic triton-admin" in readme_section("Scale out on Kubernetes")
+    section = readme_section("Scale out on Kubernetes")
+    assert "create secret generic triton-admin" in section
+    # The hot reload in every Triton pod, with the key Kubernetes gives Triton's container.
+    assert 'os.environ["TRITON_ADMIN_KEY"]' in section and "/v2/repository/models/resnet50/load" in section
 
 
 def test_compose_profiles_and_mounted_files() -> None:
@@ -426,8 +429,11 @@ def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -
             assert positionals[0] in services, (sub, positionals)
         if sub == "up":
             assert set(positionals) <= set(services), positionals
-        if sub == "exec":
+        if sub == "exec" and positionals[0] == "shim":
             assert env["SHIM_FLAG_FILE"] in positionals  # the flag file the README removes is the one in use
+        if sub == "exec" and positionals[0] == "triton":  # the hot reload, with the key triton-keys writes
+            script = positionals[-1]
+            assert "/run/triton-keys/admin" in script and "/v2/repository/models/resnet50/load" in script
     assert "model-export" in {p[0] for _, sub, p in calls if sub == "run"}
     files = {c[i + 1] for c in commands(section) if c[:2] == ["docker", "compose"]
              for i, arg in enumerate(c[:-1]) if arg in {"-f", "--file"}}
@@ -435,7 +441,7 @@ def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -
     for name in files:
         assert (ROOT / name).is_file(), name
     for var in re.findall(r"\bSHIM_[A-Z_]+\b", section):
-        assert var in SETTINGS_VARS | {"SHIM_WITH_LEGACY", "SHIM_MODEL_WEIGHTS"}, var
+        assert var in SETTINGS_VARS | PENDING_SETTINGS | {"SHIM_WITH_LEGACY", "SHIM_MODEL_WEIGHTS"}, var
     assert {"SHIM_MODE", "SHIM_ADMIN_TOKEN", "SHIM_FLAG_FILE"} <= set(env)
 
 
@@ -820,6 +826,27 @@ def test_the_proxy_and_the_shim_agree_on_their_limits_wherever_both_are_set(wher
         assert int(compose_default(env["SHIM_MAX_UPLOAD_MB"])) == Settings().max_upload_mb
 
 
+def mebibytes(quantity: str) -> float:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    assert match, quantity
+    return int(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
+
+
+CONNECTION_KIB = 16  # nginx's own per connection besides the body buffer: about 10 KiB (make hostile-test)
+
+
+def test_the_proxys_memory_limit_holds_every_connection_with_a_full_body_buffer() -> None:
+    """What slow uploads can make nginx hold: every connection (worker_processes x worker_connections) with
+    its body buffer filled, plus nginx's own 32 MiB: under the proxy container's memory limit."""
+    workers = int(nginx_directive("worker_processes"))
+    connections = int(nginx_directive("worker_connections"))
+    buffer_kib = int(directive_in(server_block("edge"), "client_body_buffer_size").removesuffix("k"))
+    worst_mib = workers * connections * (buffer_kib + CONNECTION_KIB) / 1024 + 32
+    limit = mebibytes(k8s_proxy()["resources"]["limits"]["memory"])
+    assert worst_mib <= limit, f"{worst_mib:.0f} MiB of slow uploads over the proxy's limit of {limit:.0f} MiB"
+    assert limit <= 2 * worst_mib, "the limit is far above what nginx can hold: derive it again"
+
+
 def test_check_limits_refuses_every_pair_that_disagrees() -> None:
     settings = Settings(max_upload_mb=16, max_pending=64, proxy_log_address="0.0.0.0:5140")
     good = {"PROXY_MAX_BODY_MB": "16", "PROXY_MAX_INFLIGHT": "64", "PROXY_LOG_ADDRESS": "shim:5140"}
@@ -856,16 +883,18 @@ def test_the_proxy_agrees_with_the_shims_settings() -> None:
     # /predict: nginx waits longer than the shim's own bound, so the shim's 504 (the contract's) comes first,
     # and the edge longer than the admission server.
     assert seconds(directive_in(admission, "proxy_read_timeout")) >= settings.triton_timeout_s + 5
-    assert seconds(directive_in(edge, "proxy_read_timeout")) > seconds(directive_in(admission, "proxy_read_timeout"))
-    # Probes: nginx gives /readyz more than the shim's readiness deadline, and the kubelet more than nginx.
+    assert seconds(directive_in(edge, "proxy_read_timeout", "= /predict")) > \
+        seconds(directive_in(admission, "proxy_read_timeout"))
+    # Probes: straight from the edge to gunicorn (no budget, no extra hop), never limited; nginx gives /readyz
+    # more than the shim's readiness deadline, and the kubelet more than nginx.
     for path in ("/healthz", "/readyz"):
-        assert settings.readiness_timeout_s + 0.5 <= seconds(directive_in(admission, "proxy_read_timeout",
+        assert directive_in(edge, "proxy_pass", f"= {path}") == "http://shim"
+        assert settings.readiness_timeout_s + 0.5 <= seconds(directive_in(edge, "proxy_read_timeout",
                                                                           f"= {path}")) <= 2
-        assert seconds(directive_in(edge, "proxy_read_timeout", f"= {path}")) > 2
-        for block in (edge, admission):
-            assert "limit_conn" not in location_block(block, f"= {path}")
-    assert k8s_proxy()["readinessProbe"]["timeoutSeconds"] >= seconds(directive_in(edge, "proxy_read_timeout",
-                                                                                  "= /readyz"))
+        assert "limit_conn" not in location_block(edge, f"= {path}") and f"= {path}" not in admission
+    assert directive_in(edge, "proxy_pass", "/") == "http://shim"
+    assert k8s_proxy()["readinessProbe"]["timeoutSeconds"] > seconds(directive_in(edge, "proxy_read_timeout",
+                                                                                 "= /readyz"))
     # Upstream keep-alive: nginx drops an idle connection before gunicorn does, never reusing one it closes.
     gunicorn = re.search(r"^keepalive = (\d+)", (ROOT / "gunicorn.conf.py").read_text(), re.M)
     upstream = re.search(r"upstream shim \{.*?keepalive_timeout (\w+);", NGINX_TEMPLATE.read_text(), re.S)
@@ -875,7 +904,7 @@ def test_the_proxy_agrees_with_the_shims_settings() -> None:
     # Slow clients end at the edge: short header and body timeouts, buffered uploads, a small body buffer.
     for timeout in ("client_header_timeout", "client_body_timeout", "send_timeout"):
         assert seconds(directive_in(edge, timeout)) <= 10, timeout
-    assert directive_in(edge, "client_body_buffer_size") == "16k"
+    assert directive_in(edge, "client_body_buffer_size") == "64k"
     for directive, value in [("server_tokens", "off"), ("lingering_close", "off"), ("proxy_next_upstream", "off")]:
         assert nginx_directive(directive) == value, directive
     assert "escape=json" in nginx_directive("log_format")
