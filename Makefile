@@ -25,6 +25,7 @@ help:
 	@echo "make bench   - the Flask-vs-Triton benchmark, about 10 min (bench/RESULTS.md; BENCH_ARGS=--help)"
 	@echo "make bench-quick - the same in under 2 minutes (resnet18, fewer and shorter runs)"
 	@echo "make bench-frontend - the shim's CPU per image with a near-free model: floor, legacy front, each transport, direct (about 5 min; BENCH_ARGS=--profile)"
+	@echo "make bench-memory - a shim worker's peak memory under the worst input its limits accept (about 3 min)"
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
@@ -90,7 +91,7 @@ $(NGINX):
 hostile-test: install nginx
 	HOSTILE_STACK=1 $(PY) -m pytest tests/hostile -v -p no:cacheprovider --tb=short $(PYTEST_ARGS)
 
-.PHONY: bench bench-quick bench-frontend
+.PHONY: bench bench-quick bench-frontend bench-memory
 BENCH_ARGS ?=
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
@@ -100,6 +101,9 @@ bench-quick: install
 
 bench-frontend: install
 	$(PY) -m bench --frontend $(BENCH_ARGS)
+
+bench-memory: export
+	$(PY) -m bench --memory $(BENCH_ARGS)
 
 lint: install
 	$(PY) -m ruff check app tools tests bench gunicorn.conf.py

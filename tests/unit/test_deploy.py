@@ -847,6 +847,28 @@ def test_the_proxys_memory_limit_holds_every_connection_with_a_full_body_buffer(
     assert limit <= 2 * worst_mib, "the limit is far above what nginx can hold: derive it again"
 
 
+# `python -m bench --memory` (bench/RESULTS.md): the shim container's memory under the worst input the limits
+# accept behind nginx (master and counter + one worker at its peak + the other ready), and ready, in MiB.
+SHIM_MEMORY_WORST_MIB = {"triton": 50 + 1451 + 61, "legacy": 50 + 2135 + 694}
+SHIM_MEMORY_READY_MIB = {"triton": 50 + 2 * 61, "legacy": 50 + 2 * 694}
+
+
+def test_the_shims_memory_is_derived_from_the_measured_worst_case() -> None:
+    shim = container(k8s_object("Deployment", "shim"))
+    env, resources = env_of(shim), shim["resources"]
+    assert env["SHIM_MODE"] == "triton" and env["SHIM_WORKERS"] == "2"  # what the figures were measured for
+    limit, request = mebibytes(resources["limits"]["memory"]), mebibytes(resources["requests"]["memory"])
+    assert 1.2 * SHIM_MEMORY_WORST_MIB["triton"] <= limit <= 1.5 * SHIM_MEMORY_WORST_MIB["triton"], limit
+    assert SHIM_MEMORY_READY_MIB["triton"] < request < limit
+    # The legacy image's figures, given in the manifest's comment, hold the same margins.
+    text = (K8S / "shim.yaml").read_text()
+    legacy_limit = mebibytes(re.search(r"use limit (\d+Mi)", text).group(1))  # type: ignore[union-attr]
+    legacy_request = mebibytes(re.search(r"and request (\d+Mi)", text).group(1))  # type: ignore[union-attr]
+    assert 1.2 * SHIM_MEMORY_WORST_MIB["legacy"] <= legacy_limit <= 1.5 * SHIM_MEMORY_WORST_MIB["legacy"]
+    assert SHIM_MEMORY_READY_MIB["legacy"] < legacy_request < legacy_limit
+    assert f"{SHIM_MEMORY_WORST_MIB['triton']:,} MiB" in text and f"{SHIM_MEMORY_WORST_MIB['legacy']:,} MiB" in text
+
+
 def test_check_limits_refuses_every_pair_that_disagrees() -> None:
     settings = Settings(max_upload_mb=16, max_pending=64, proxy_log_address="0.0.0.0:5140")
     good = {"PROXY_MAX_BODY_MB": "16", "PROXY_MAX_INFLIGHT": "64", "PROXY_LOG_ADDRESS": "shim:5140"}
