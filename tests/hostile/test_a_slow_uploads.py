@@ -22,8 +22,8 @@ from tests.hostile.conftest import Figures, Stack
 from tests.support import wait_until
 from tools import proxy
 
-ATTACK_S = float(os.environ.get("HOSTILE_UPLOAD_S", "15"))
-IDLE_S = 6.0
+ATTACK_S = float(os.environ.get("HOSTILE_UPLOAD_S", "10"))
+IDLE_S = 5.0
 INTERVAL_S = 3.0
 BODY_LENGTH = 200_000
 BODY_FIRST = 64 * 1024  # the edge server's client_body_buffer_size: the rest would go to a temporary file
