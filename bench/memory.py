@@ -14,12 +14,15 @@ SHIM_PROXY_LOG_ADDRESS (so that the process counting nginx's answers is there to
 SHIM_MAX_PENDING uploads at once, each a JPEG of SHIM_MAX_IMAGE_PIXELS pixels padded to just under the upload
 limit, several rounds. SHIM_TRITON_TIMEOUT_S is 120 s here: at its 10 s a request still queued behind the
 decodes would get its 504 and leave, ending the worst case early. --uploads, --pixels and --upload-mb send
-other uploads under the same limits, to see what each part costs. It reads the peak resident memory of each process from the kernel (VmHWM in
-/proc/<pid>/status: the high-water mark, not a sample) and prints what a pod needs:
+other uploads under the same limits, to see what each part costs.
 
-    master + SHIM_WORKERS x worker peak + the counting process
+It reads the peak resident memory of each process from the kernel (VmHWM in /proc/<pid>/status: the
+high-water mark, not a sample) and prints what a pod needs behind nginx, which lets PROXY_MAX_INFLIGHT
+(= SHIM_MAX_PENDING) uploads into the whole pod (at worst all into one worker):
 
-A benchmark figure, not a test: it asserts nothing, and a run takes about a minute or two.
+    master + the counting process + worker peak + (SHIM_WORKERS - 1) x worker ready
+
+A benchmark figure, not a test: it asserts nothing, and a run takes about two to three minutes.
 """
 
 from __future__ import annotations
