@@ -16,7 +16,7 @@ figures are printed beside them. Health probes are asserted as their clients saw
 How fast a refusal is. The edge refuses what one address has over its limit as soon as the head is read, in
 the same turn of nginx's event loop: within REFUSAL_S. The budget is refused by the admission server, once the
 body is complete and has crossed the unix socket from the edge: a few more turns of the loops that the flood
-keeps busy (p50 12 ms, p99 192 ms measured here at 3,000 refusals a second from 8 addresses). Its refusals
+keeps busy (p50 11-14 ms, p99 190-290 ms over three runs here, 2,500-3,000 refusals a second). Its refusals
 must be fast when typical (p50 within REFUSAL_S) and never cost more than serving (p99 within the p50 of
 what gunicorn answered in the same window).
 
