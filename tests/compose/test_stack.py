@@ -43,7 +43,7 @@ TRITON_PORTS = (8000, 8001, 8002)  # HTTP, gRPC, metrics: published nowhere
 TOP_K = 5
 # The shim sends SHIM_TRITON_ADMIN_KEY_FILE's key to Triton's restricted shared-memory API once issue 18's
 # application side is in app/settings.py; before, Triton refuses its regions and it sends over HTTP.
-SHIM_SENDS_THE_KEY = "triton_admin_key_file" in {f.name for f in dataclasses.fields(Settings)}
+KEY_SENT_BY_THE_SHIM = "triton_admin_key_file" in {f.name for f in dataclasses.fields(Settings)}
 
 # Run in a container that reaches Triton (`python -c TRITON_CALLS URL [KEY | @KEYFILE]`): Triton's APIs called
 # with the key given (or none), as status codes.
@@ -107,7 +107,7 @@ def test_the_shim_sends_through_shared_memory_across_the_two_containers(stack: S
     only the two containers' users can open (0660, Triton in the shim's group)."""
     assert predict(encode(photo(64, 48))).status_code == 200  # a worker settles its transport on first use
     ready = requests.get(f"{SHIM}/readyz", timeout=10).json()
-    if not SHIM_SENDS_THE_KEY:
+    if not KEY_SENT_BY_THE_SHIM:
         pytest.xfail("this shim does not send SHIM_TRITON_ADMIN_KEY_FILE's key (issue 18's application side): "
                      f"Triton refuses its shared memory, it sends over {ready['transport']}")
     assert ready["transport"] == "shm", ready

@@ -849,8 +849,8 @@ def test_the_proxys_memory_limit_holds_every_connection_with_a_full_body_buffer(
 
 # `python -m bench --memory` (bench/RESULTS.md): the shim container's memory under the worst input the limits
 # accept behind nginx (master and counter + one worker at its peak + the other ready), and ready, in MiB.
-SHIM_MEMORY_WORST_MIB = {"triton": 50 + 1451 + 61, "legacy": 50 + 2135 + 694}
-SHIM_MEMORY_READY_MIB = {"triton": 50 + 2 * 61, "legacy": 50 + 2 * 694}
+POD_MEMORY_WORST_MIB = {"triton": 50 + 1451 + 61, "legacy": 50 + 2135 + 694}
+POD_MEMORY_READY_MIB = {"triton": 50 + 2 * 61, "legacy": 50 + 2 * 694}
 
 
 def test_the_shims_memory_is_derived_from_the_measured_worst_case() -> None:
@@ -858,15 +858,15 @@ def test_the_shims_memory_is_derived_from_the_measured_worst_case() -> None:
     env, resources = env_of(shim), shim["resources"]
     assert env["SHIM_MODE"] == "triton" and env["SHIM_WORKERS"] == "2"  # what the figures were measured for
     limit, request = mebibytes(resources["limits"]["memory"]), mebibytes(resources["requests"]["memory"])
-    assert 1.2 * SHIM_MEMORY_WORST_MIB["triton"] <= limit <= 1.5 * SHIM_MEMORY_WORST_MIB["triton"], limit
-    assert SHIM_MEMORY_READY_MIB["triton"] < request < limit
+    assert 1.2 * POD_MEMORY_WORST_MIB["triton"] <= limit <= 1.5 * POD_MEMORY_WORST_MIB["triton"], limit
+    assert POD_MEMORY_READY_MIB["triton"] < request < limit
     # The legacy image's figures, given in the manifest's comment, hold the same margins.
     text = (K8S / "shim.yaml").read_text()
     legacy_limit = mebibytes(re.search(r"use limit (\d+Mi)", text).group(1))  # type: ignore[union-attr]
     legacy_request = mebibytes(re.search(r"and request (\d+Mi)", text).group(1))  # type: ignore[union-attr]
-    assert 1.2 * SHIM_MEMORY_WORST_MIB["legacy"] <= legacy_limit <= 1.5 * SHIM_MEMORY_WORST_MIB["legacy"]
-    assert SHIM_MEMORY_READY_MIB["legacy"] < legacy_request < legacy_limit
-    assert f"{SHIM_MEMORY_WORST_MIB['triton']:,} MiB" in text and f"{SHIM_MEMORY_WORST_MIB['legacy']:,} MiB" in text
+    assert 1.2 * POD_MEMORY_WORST_MIB["legacy"] <= legacy_limit <= 1.5 * POD_MEMORY_WORST_MIB["legacy"]
+    assert POD_MEMORY_READY_MIB["legacy"] < legacy_request < legacy_limit
+    assert f"{POD_MEMORY_WORST_MIB['triton']:,} MiB" in text and f"{POD_MEMORY_WORST_MIB['legacy']:,} MiB" in text
 
 
 def test_check_limits_refuses_every_pair_that_disagrees() -> None:
