@@ -32,6 +32,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -147,6 +148,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         shim.stop()
         triton.stop()
+        shutil.rmtree(work, ignore_errors=True)
     workers = settings.workers
     peak, idle_mib = figures["worker_peak_rss_mib"], figures["worker_idle_rss_mib"]
     own = figures["master_peak_rss_mib"] + figures["counter_peak_rss_mib"]
