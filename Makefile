@@ -41,6 +41,7 @@ help:
 	@echo "make bench   - the Flask-vs-Triton benchmark, about 10 min (bench/RESULTS.md; BENCH_ARGS=--help)"
 	@echo "make bench-quick - the same in under 2 minutes (resnet18, fewer and shorter runs)"
 	@echo "make bench-frontend - the shim's CPU per image with a near-free model: floor, legacy front, each transport, direct (about 5 min; BENCH_ARGS=--profile)"
+	@echo "make bench-memory - a shim worker's peak memory under the worst input its limits accept (about 3 min)"
 
 # Installs only what requirements/dev.txt locks, every file hash-checked (torch 2.14.1 comes from local disk
 # where pip's configuration points at it). tools/lock.py --check stops first, saying what to do, when this
@@ -115,7 +116,7 @@ $(NGINX):
 hostile-test: install nginx
 	HOSTILE_STACK=1 $(PY) -m pytest tests/hostile -v -p no:cacheprovider --tb=short $(PYTEST_ARGS)
 
-.PHONY: bench bench-quick bench-frontend
+.PHONY: bench bench-quick bench-frontend bench-memory
 BENCH_ARGS ?=
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
@@ -148,6 +149,9 @@ $(UV): requirements/uv.txt
 	rm -rf .cache/tools/uv
 	$(PYTHON) -m venv .cache/tools/uv
 	.cache/tools/uv/bin/python -m pip install --quiet --require-hashes --no-deps -r requirements/uv.txt
+
+bench-memory: export
+	$(PY) -m bench --memory $(BENCH_ARGS)
 
 lint: install
 	$(PY) -m ruff check app tools tests bench gunicorn.conf.py

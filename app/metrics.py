@@ -71,6 +71,10 @@ ENCODED_CPU_PATH = Counter(
 TRANSPORT = Gauge(
     "shim_transport", "1 for the transport a worker sends to Triton with (SHIM_TRANSPORT, as settled)",
     ["transport"], multiprocess_mode="liveall")
+PROXY_RESPONSES = Counter(
+    "shim_proxy_responses", "Answers of the nginx in front of the shim (deploy/nginx), from its access log "
+    "(SHIM_PROXY_LOG_SOCKET): by path (/predict, /healthz, /readyz, other), HTTP status and, when nginx "
+    "answered itself, its reason (empty: the shim's own answer, passed on)", ["path", "status", "reason"])
 INFLIGHT = Gauge(
     "shim_inflight_requests", "POST /predict requests being handled now", multiprocess_mode="livesum")
 
@@ -81,6 +85,10 @@ SHADOW_RESULTS = ("match", "mismatch", "error", "skipped")
 ENCODED_REASONS = ("format", "jpeg_mode", "limits", "unreadable", "decoder_refused")  # app/sniff.py
 _THREAD = threading.local()
 BACKEND_ERROR_CODES = ("backend_unavailable", "backend_timeout", "backend_error", "queue_timeout", "circuit_open")
+# Why nginx answered a request itself (deploy/nginx/nginx.conf.template, map $shim_refusal).
+PROXY_REASONS = ("client_limit", "overloaded", "too_large", "invalid_body", "bad_request", "client_timeout",
+                 "client_closed", "backend_unavailable", "backend_timeout", "proxy_error")
+PROXY_PATHS = ("/predict", "/healthz", "/readyz")  # every other path counts as "other"
 
 
 def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:

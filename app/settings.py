@@ -108,6 +108,9 @@ class Settings:
     max_pending: int = 64
     decode_slots: int = 2  # requests of a worker that decode and preprocess at once, in arrival order
     retry_after_s: int = 1  # what the 503 of a full worker tells clients to wait
+    # host:port (UDP) where gunicorn's master receives the access log of the nginx in front (deploy/nginx) and
+    # counts nginx's answers in /metrics (app/proxy_log.py). Empty: off.
+    proxy_log_address: str = ""
     log_level: str = "INFO"
     _admin_key_read: str = field(default="", init=False, repr=False, compare=False)  # from the key file
 
@@ -146,6 +149,9 @@ class Settings:
             _check(low <= value <= high, name, value, f"a whole number from {low} to {high}")
         _check(self.threads >= self.max_pending + 2, "threads", self.threads,
                f"at least SHIM_MAX_PENDING + 2 = {self.max_pending + 2}, so that health checks always find a thread")
+        log_host, _, log_port = self.proxy_log_address.rpartition(":")
+        _check(self.proxy_log_address == "" or (bool(log_host) and log_port.isdigit() and 0 < int(log_port) < 65536),
+               "proxy_log_address", self.proxy_log_address, "empty (off) or host:port, e.g. 127.0.0.1:5140")
         _check(self.log_level.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}, "log_level", self.log_level,
                "DEBUG, INFO, WARNING or ERROR")
         _check(_HEADER_NAME.match(self.triton_admin_header) is not None, "triton_admin_header",

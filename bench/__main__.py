@@ -1,5 +1,6 @@
 """`python -m bench`: the Flask-vs-Triton benchmark (bench/run.py), the front end's (--frontend:
-bench/frontend.py), or one after the other (--both).
+bench/frontend.py), or one after the other (--both); `python -m bench --memory`: a shim worker's peak memory
+under the worst input its limits accept (bench/memory.py).
 
 The imports stay inside main(): the load generator's spawned child imports this module as well, and
 must not pay for numpy, tritonclient or matplotlib.
@@ -12,6 +13,11 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--memory" in given:
+        from bench import memory
+
+        return memory.main(memory.parse_args(given))
     from bench import frontend, run
 
     args = run.parse_args(argv)

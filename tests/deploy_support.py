@@ -173,3 +173,24 @@ def nginx_or_skip() -> None:
 
 def env_of(c: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: str(e.get("value", "")) for e in c.get("env", [])}
+
+
+TRITON_ADMIN_HEADER = "triton-admin-key"  # SHIM_TRITON_ADMIN_HEADER's default: the header the shim sends
+
+
+def triton_command(command: list[str]) -> tuple[str, list[str]]:
+    """docker-compose.yml's Triton command, `sh -c SCRIPT NAME ARGS...`: the script and the command it runs."""
+    assert command[:2] == ["sh", "-c"] and len(command) > 4, command
+    return command[2], command[4:]
+
+
+_RESTRICTED = re.compile(r"--(http-restricted-api|grpc-restricted-protocol)=([a-z,-]+):([A-Za-z0-9-]+)=(\S+)")
+
+
+def restricted_groups(text: str) -> dict[str, dict[frozenset[str], tuple[str, str]]]:
+    """Triton's restricted API groups in a command (script or args): by protocol (http, grpc), each group's
+    APIs -> (header, value as written: a shell or Kubernetes variable)."""
+    found: dict[str, dict[frozenset[str], tuple[str, str]]] = {"http": {}, "grpc": {}}
+    for flag, apis, header, value in _RESTRICTED.findall(text):
+        found["http" if flag.startswith("http") else "grpc"][frozenset(apis.split(","))] = (header, value.strip('"\\'))
+    return found

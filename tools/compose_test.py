@@ -4,7 +4,8 @@
 
 Runs on a machine with no GPU and no container registry (CI). Stages, one line each with its duration:
 
-  ports       the host ports the stack publishes (5000, 8000-8002, 9090) are free
+  ports       the host ports the stack publishes (5000, 9090) are free, and Triton's (8000-8002), which it
+              must not publish: tests/compose checks that nothing answers there
   tools       a docker engine, Compose v2 and buildx, debootstrap: installed with apt when missing
               (Compose v2 and buildx as Debian trixie's packages: bookworm ships Compose v1 only)
   engine      a running dockerd: the one there is, or one started here and stopped at the end, pass or fail
@@ -51,7 +52,7 @@ PROJECT = "flask-triton-shim-ci"  # tests/compose/ci.yml's `name:`: never a real
 PROFILES = ("monitoring",)
 # Services of those profiles that CI cannot run, and why (everything else in docker-compose.yml runs).
 NOT_IN_CI = {"grafana": "grafana/grafana cannot be pulled here and Debian has no grafana package"}
-HOST_PORTS = (5000, 8000, 8001, 8002, 9090)
+HOST_PORTS = (5000, 8000, 8001, 8002, 9090)  # published: 5000 (nginx), 9090 (Prometheus); 8000-8002 must stay closed
 
 SUITE = "bookworm"  # python:3.11-slim-bookworm's Debian release: Python 3.11
 BASE_IMAGE = "flask-triton-shim-ci/python:3.11-bookworm"

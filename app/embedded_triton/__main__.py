@@ -1,5 +1,9 @@
 """python -m app.embedded_triton: serve a model repository with the wheel's Triton until Ctrl-C.
 
+    python -m app.embedded_triton [options] [-- tritonserver options...]
+
+Options after `--` are passed on to tritonserver as they are (e.g. --http-restricted-api=...).
+
 With an admin key (--admin-key-file FILE, --admin-key KEY or $TRITON_ADMIN_KEY), Triton's model-repository,
 shared-memory, trace and logging APIs answer only requests that carry it in the header --admin-header
 (default triton-admin-key; gRPC clients send it as metadata `triton-grpc-protocol-<header>`).
@@ -37,6 +41,8 @@ def parse_args(argv: list[str] | None) -> EmbeddedTritonConfig:
                           "this key (default: $TRITON_ADMIN_KEY; none: unrestricted)")
     key.add_argument("--admin-key-file", type=Path, help="the same key, read from a file (a secret)")
     p.add_argument("--admin-header", default="triton-admin-key", help="the header that carries the key")
+    p.add_argument("tritonserver_args", nargs="*", metavar="-- TRITONSERVER_OPTION",
+                   help="after `--`: options passed on to tritonserver")
     a = p.parse_args(argv)
     admin_key = a.admin_key
     if a.admin_key_file is not None:
@@ -50,7 +56,7 @@ def parse_args(argv: list[str] | None) -> EmbeddedTritonConfig:
         model_repository=a.model_repository, host=a.host, http_port=a.http_port, grpc_port=a.grpc_port,
         metrics_port=a.metrics_port, cache_dir=a.cache_dir, model_control_mode=a.model_control_mode,
         startup_timeout_s=a.startup_timeout, echo_log=not a.quiet, admin_key=admin_key,
-        admin_header=a.admin_header)
+        admin_header=a.admin_header, extra_args=tuple(a.tritonserver_args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,9 @@
 
 The stack is docker-compose.yml with tests/compose/ci.yml (the wheel's Triton serving the numpy stand-in
 repository, no GPU reservation, local images); every request goes through the ports it publishes: port
-5000 is nginx (the `proxy` service) in front of the shim, which is not published. The tests run in this
-order and share one stack: the last one takes it down.
+5000 is nginx (the `proxy` service) in front of the shim, which is not published, and nor is Triton: it is
+checked from the compose network (Prometheus, on Triton's network; the proxy, not on it) and with the keys
+of its restricted APIs. The tests run in this order and share one stack: the last one takes it down.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shlex
 import socket
 import time
 from pathlib import Path
@@ -22,7 +24,7 @@ import yaml
 
 from app.waiting import http_status
 from tests.hostile.clients import read_answer
-from tests.support import encode, photo, standin_answer, wait_until
+from tests.support import ROOT, encode, photo, standin_answer, wait_until
 from tools.compose_test import COMPOSE_FILES, PROJECT, STANDIN_REPO, Stack
 
 if os.environ.get("COMPOSE_STACK") != "1":  # named on the command line, collect_ignore does not apply
@@ -30,9 +32,36 @@ if os.environ.get("COMPOSE_STACK") != "1":  # named on the command line, collect
 
 SHIM = "http://127.0.0.1:5000"  # the proxy, as clients see it
 PROXY_LIVENESS = "/proxy-healthz"  # nginx's own location (deploy/nginx/nginx.conf.template)
-TRITON_METRICS = "http://127.0.0.1:8002/metrics"
 PROMETHEUS = "http://127.0.0.1:9090"
+TRITON_PORTS = (8000, 8001, 8002)  # HTTP, gRPC, metrics: published nowhere
 TOP_K = 5
+
+# Run in a container that reaches Triton (`python -c TRITON_CALLS URL [KEY | @KEYFILE]`): Triton's APIs called
+# with the key given (or none), as status codes.
+TRITON_CALLS = """
+import json, sys, urllib.error, urllib.request
+base = sys.argv[1]
+key = sys.argv[2] if len(sys.argv) > 2 else None
+if key and key.startswith("@"):
+    key = open(key[1:]).read().strip()
+def call(method, path, key=None):
+    headers = {"triton-admin-key": key} if key else {}
+    request = urllib.request.Request(base + path, data=b"" if method == "POST" else None, headers=headers,
+                                     method=method)
+    try:
+        return urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print(json.dumps({
+    "ready": call("GET", "/v2/models/resnet50/ready"),
+    "shm_status": call("GET", "/v2/systemsharedmemory/status", key),
+    "shm_register": call("POST", "/v2/systemsharedmemory/region/x/register", key),
+    "unload": call("POST", "/v2/repository/models/no-such-model/unload", key),  # a name Triton does not serve
+    "repository": call("POST", "/v2/repository/index", key),
+    "trace": call("GET", "/v2/trace/setting", key),
+    "logging": call("GET", "/v2/logging", key),
+}))
+"""
 
 
 def predict(data: bytes, name: str = "test.jpg") -> requests.Response:
@@ -55,11 +84,63 @@ def test_up_wait_reached_healthy_through_the_real_healthchecks(stack: Stack) -> 
 
 def test_the_shim_sends_through_shared_memory_across_the_two_containers(stack: Stack) -> None:
     """docker-compose.yml shares Triton's IPC namespace with the shim: SHIM_TRANSPORT=auto settles on shm
-    (tensors: the stand-in normalize runs on the CPU), and Triton maps the regions the shim makes."""
+    (tensors: the stand-in normalize runs on the CPU), and Triton maps the regions the shim makes, which
+    only the two containers' users can open (0660, Triton in the shim's group)."""
     assert predict(encode(photo(64, 48))).status_code == 200  # a worker settles its transport on first use
     ready = requests.get(f"{SHIM}/readyz", timeout=10).json()
     assert ready["transport"] == "shm", ready
     assert "Triton maps this host's /dev/shm" in ready["backends"]["triton"]["detail"], ready
+    files = [line.split() for line in stack.exec("shim", "ls", "-ln", "/dev/shm").splitlines() if " shim_" in line]
+    regions = [f for f in files if not f[-1].endswith(".lock")]  # an owner's lock file beside its regions
+    assert regions and all(r[0] == "-rw-rw----" and r[2:4] == ["10001", "10001"] for r in regions), files
+    assert all(f[0][-2] != "w" for f in files), files  # nothing of the shim's there is open to others
+
+
+def test_tritons_ports_are_published_nowhere_and_nothing_answers_on_the_host(stack: Stack) -> None:
+    assert not stack.inspect("triton")["HostConfig"].get("PortBindings"), "Triton's ports are published"
+    for port in TRITON_PORTS:  # free before the stack started (tools/compose_test.py's first stage)
+        with socket.socket() as sock, pytest.raises(OSError):
+            sock.settimeout(2)
+            sock.connect(("127.0.0.1", port))
+
+
+def test_from_a_container_that_is_not_the_shim_triton_is_unreachable_or_refuses_without_a_key(stack: Stack) -> None:
+    """The proxy is not on Triton's network: it cannot even resolve it. Prometheus is (it scrapes port 8002):
+    from there, every restricted API answers 403 without the key, and the shim's shared-memory key opens the
+    shared-memory API only; Triton goes on serving."""
+    reach = stack.compose("exec", "-T", "proxy", "bash", "-c", "exec 3<>/dev/tcp/triton/8000", check=False)
+    assert reach.returncode != 0, "the proxy reaches Triton"
+    without = json.loads(stack.exec("prometheus", "python", "-c", TRITON_CALLS, "http://triton:8000"))
+    assert without == {"ready": 200, "shm_status": 403, "shm_register": 403, "unload": 403, "repository": 403,
+                       "trace": 403, "logging": 403}, without
+    shim_key = stack.exec("shim", "cat", "/run/triton-keys/shared-memory").strip()
+    with_shim_key = json.loads(stack.exec("prometheus", "python", "-c", TRITON_CALLS, "http://triton:8000", shim_key))
+    assert with_shim_key["shm_status"] == 200 and with_shim_key["unload"] == 403, with_shim_key
+    assert {with_shim_key[k] for k in ("repository", "trace", "logging")} == {403}
+    # The admin key is Triton's alone: the shim's user cannot read it.
+    denied = stack.compose("exec", "-T", "shim", "cat", "/run/triton-keys/admin", check=False)
+    assert denied.returncode != 0 and "Permission denied" in denied.stdout + denied.stderr
+    assert predict(encode(photo(64, 48))).status_code == 200
+
+
+def readme_reload_command() -> list[str]:
+    """README's hot reload for compose: `docker compose exec triton ...`, as the operator types it."""
+    text = (ROOT / "README.md").read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("docker compose exec triton ")]
+    return shlex.split(line)
+
+
+def test_the_admin_keys_holder_reloads_a_model_as_the_readme_says_and_the_shim_serves_on(stack: Stack) -> None:
+    command = readme_reload_command()
+    assert command[:4] == ["docker", "compose", "exec", "triton"]
+    result = stack.compose("exec", "-T", *command[3:], timeout=120)
+    assert result.stdout.strip().splitlines()[-1] == "200", result.stdout
+    with_admin_key = json.loads(stack.exec("triton", "python3", "-c", TRITON_CALLS, "http://127.0.0.1:8000",
+                                           "@/run/triton-keys/admin"))
+    assert with_admin_key["repository"] == with_admin_key["trace"] == with_admin_key["logging"] == 200, with_admin_key
+    assert with_admin_key["shm_status"] == 403  # the admin key is not the shared-memory key
+    assert with_admin_key["unload"] != 403
+    wait_until(lambda: predict(encode(photo(64, 48))).status_code == 200, 60, "the shim to answer after the reload")
 
 
 def test_clients_reach_the_shim_only_through_the_proxy(stack: Stack) -> None:
@@ -90,6 +171,19 @@ def test_a_declared_oversize_upload_gets_the_proxys_json_413_before_its_body_is_
     headers, body = raw.head_and_body(413)
     assert headers["content-type"] == "application/json" and headers["server"] == "nginx", headers
     assert json.loads(body)["error"] == "too_large" and raw.seconds < 2
+    # The shim never saw it, and counts it all the same: nginx's access log reaches it over the edge network.
+    wait_until(lambda: exposed(f"{SHIM}/metrics", "shim_proxy_responses_total", path="/predict", status="413",
+                               reason="too_large") >= 1, 30, "nginx's 413 in the shim's /metrics")
+
+
+def test_nginx_passes_the_client_on_alone_never_what_it_wrote_in_x_forwarded_for(stack: Stack) -> None:
+    answer = requests.post(f"{SHIM}/predict", files={"image": ("t.jpg", encode(photo(64, 48)))}, timeout=30,
+                           headers={"X-Forwarded-For": "203.0.113.9", "X-Request-ID": "compose-test-xff"})
+    assert answer.status_code == 200, answer.text
+    logged = [json.loads(line.split(" ", 1)[1]) for line in stack.compose("logs", "--no-color", "--no-log-prefix",
+              "--timestamps", "proxy").stdout.splitlines() if '"compose-test-xff"' in line]
+    assert logged and logged[-1]["forwarded_for"] == "203.0.113.9", logged
+    assert logged[-1]["client"] == logged[-1]["peer"] != "203.0.113.9"  # no trusted proxy: the peer is the client
 
 
 def test_the_seeds_client_gets_the_contracts_answer(stack: Stack, tmp_path: Path) -> None:
@@ -150,11 +244,19 @@ def exposed(url: str, name: str, **labels: str) -> float:
     return total
 
 
+def prometheus_value(query: str) -> float:
+    result = requests.get(f"{PROMETHEUS}/api/v1/query", params={"query": query}, timeout=10).json()
+    return sum(float(r["value"][1]) for r in result["data"]["result"])
+
+
 def test_the_shims_metrics_and_tritons_metrics_port_answer(stack: Stack) -> None:
+    """Triton's metrics port is on the compose network only: read through Prometheus, which scrapes it."""
     assert predict(encode(photo(64, 48))).status_code == 200
     assert exposed(f"{SHIM}/metrics", "shim_requests_total", backend="triton") >= 1
-    assert exposed(TRITON_METRICS, "nv_inference_count", model="resnet50") >= 1
-    assert exposed(TRITON_METRICS, "nv_inference_request_success", model="resnet50") >= 1
+    assert exposed(f"{SHIM}/metrics", "shim_proxy_responses_total", path="/predict", status="200", reason="") >= 1
+    queries = [f'sum({name}{{model="resnet50"}})' for name in ("nv_inference_count", "nv_inference_request_success")]
+    wait_until(lambda: all(prometheus_value(q) >= 1 for q in queries), 90,
+               "Prometheus to have scraped nv_inference_count and nv_inference_request_success from triton:8002")
 
 
 def test_prometheus_scrapes_the_shim_and_triton(stack: Stack) -> None:

@@ -218,14 +218,19 @@ class Drippers:
     """`counts` slow connections per kind ("headers", "body", "stalled") against port, reconnecting until stopped.
 
     headers: the request head, one byte every interval_s (it never completes within a minute);
-    body:    a complete head (Content-Length: body_length), then the body one byte every interval_s;
+    body:    a complete head (Content-Length: body_length) and `body_first` bytes of the body, then the rest
+             one byte every interval_s;
     stalled: a complete head and half the body at once, then nothing.
+    Each kind's slots connect from its address in `sources` (ATTACKERS by default), or from several: slot i
+    of a kind uses address i modulo their number.
     """
 
     def __init__(self, port: int, counts: dict[str, int], *, interval_s: float = 3.0, body_length: int = 60_000,
-                 sources: dict[str, str] | None = None) -> None:
+                 body_first: int = 0, sources: dict[str, str | Sequence[str]] | None = None) -> None:
         self.port, self.counts, self.interval_s, self.body_length = port, counts, interval_s, body_length
-        self.sources = sources or ATTACKERS
+        self.body_first = body_first
+        self.sources = {kind: [found] if isinstance(found, str) else list(found)
+                        for kind, found in (sources or ATTACKERS).items()}
         self.connections: list[Connection] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -259,28 +264,30 @@ class Drippers:
 
     async def _run(self) -> None:
         self._stopping = asyncio.Event()
-        slots = [self._slot(kind) for kind, n in self.counts.items() for _ in range(n)]
+        slots = [self._slot(kind, self.sources[kind][i % len(self.sources[kind])])
+                 for kind, n in self.counts.items() for i in range(n)]
         await asyncio.gather(*slots)
 
-    async def _slot(self, kind: str) -> None:
+    async def _slot(self, kind: str, source: str) -> None:
         assert self._stopping is not None
         while not self._stopping.is_set():
-            record = await self._one(kind)
+            record = await self._one(kind, source)
             self.connections.append(record)
             if record.how != "open at the end":  # the attacker's pace: reconnect after one interval
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), self.interval_s)
 
-    async def _one(self, kind: str) -> Connection:
+    async def _one(self, kind: str, source: str) -> Connection:
         assert self._stopping is not None
-        record = Connection(kind, self.sources[kind], opened=time.monotonic())
+        record = Connection(kind, source, opened=time.monotonic())
         try:
-            reader, writer = await asyncio.open_connection(HOST, self.port, local_addr=(self.sources[kind], 0))
+            reader, writer = await asyncio.open_connection(HOST, self.port, local_addr=(source, 0))
         except OSError as e:
             record.how, record.ended, record.answer = "connect failed", time.monotonic(), repr(e).encode()
             return record
         head = slow_head(self.body_length)
-        first = {"headers": head[:1], "body": head, "stalled": head + b"x" * (self.body_length // 2)}[kind]
+        first = {"headers": head[:1], "body": head + b"x" * self.body_first,
+                 "stalled": head + b"x" * (self.body_length // 2)}[kind]
         position = len(first)
         stop = asyncio.ensure_future(self._stopping.wait())
         answer = asyncio.ensure_future(reader.read(65536))

@@ -4,8 +4,9 @@ One stack for the session, as users deploy it: the wheel's Triton serving tools/
 triton_repo (a near-free numpy `resnet50` with the real interface, so that the shim's front end, not the
 model, is what the floods and slow clients stress; the SIGSTOP scenario needs no real model either), the
 shim under gunicorn exactly as `make run` starts it (tools/launch.start_shim, gunicorn.conf.py, every
-SHIM_* setting at its default), and nginx with deploy/nginx's configuration in front (tools/proxy.py).
-Normal clients and probes come from 127.0.0.1, attackers from other loopback addresses.
+SHIM_* setting at its default but those a deployment sets behind nginx: SHIM_PROXY_HOPS=1 and
+SHIM_PROXY_LOG_ADDRESS), and nginx with deploy/nginx's configuration in front (tools/proxy.py). Normal clients
+and probes come from 127.0.0.1, attackers from other loopback addresses.
 
 Collected only with HOSTILE_STACK=1 (the Makefile target sets it): `make test` never runs it. The figures
 each scenario measured are printed at the end, and written to .cache/hostile/figures.md.
@@ -74,9 +75,30 @@ class Stack:
         return match.group(1).strip()
 
     def predict_limits(self) -> dict[str, int]:
-        """The limit_conn values of the /predict location, by zone: shim_predict_total, shim_predict_per_client."""
-        block = self.config.split("location = /predict {")[1].split("\n        }")[0]
-        return {zone: int(n) for zone, n in re.findall(r"limit_conn (\w+) (\d+);", block)}
+        """The limit_conn values of the /predict locations, by zone: shim_predict_per_client (the edge server,
+        requests still sending their body included), shim_predict_total (the admission server: complete ones)."""
+        blocks = [part.split("\n        }")[0] for part in self.config.split("location = /predict {")[1:]]
+        return {zone: int(n) for block in blocks for zone, n in re.findall(r"limit_conn (\w+) (\d+);", block)}
+
+    def proxy_counts(self) -> dict[tuple[str, str, str], float]:
+        """shim_proxy_responses_total by (path, status, reason), as the shim's /metrics serves it."""
+        from app import promtext
+
+        return {(s.labels["path"], s.labels["status"], s.labels["reason"]): s.value
+                for s in promtext.scrape(self.shim.url + "/metrics", timeout_s=10)
+                if s.name == "shim_proxy_responses_total"}
+
+    def nginx_private_kib(self, front: proxy.Proxy | None = None) -> int:
+        """The private memory of an nginx's processes (master and workers; the stack's by default), from
+        /proc/<pid>/smaps_rollup."""
+        total = 0
+        master = (front or self.proxy).process.pid
+        for pid in [master, *worker_pids(master)]:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                        total += int(line.split()[1])
+        return total
 
     def seconds(self, name: str) -> float:
         value = self.directive(name)
@@ -144,7 +166,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     repo = write_standin_repo(base / "standin_repo")
     triton = start_triton(repo, base / "triton-cache")
     shim_env = {"SHIM_TRITON_URL": triton.http_url, "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"),
-                "SHIM_MODE": "triton"}
+                "SHIM_MODE": "triton", "SHIM_PROXY_HOPS": "1",
+                "SHIM_PROXY_LOG_ADDRESS": f"127.0.0.1:{proxy.free_udp_port()}"}
     shim = launch.start_shim(base, shim_env)
     front: proxy.Proxy | None = None
     pids: list[int] = []

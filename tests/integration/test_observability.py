@@ -1,27 +1,36 @@
 """What operators watch, live: every metric the dashboard, alerts and adapter rules use must be in a scrape of
-the shim under gunicorn and of a real Triton (except the GPU families a CPU Triton cannot export, checked
-against Triton's docs); counts across workers, request IDs, JSON logs. The files themselves are checked
-in tests/unit/test_observability_files.py."""
+the shim under gunicorn (behind deploy/nginx's nginx, as deployed, whose answers the shim counts) and of a real
+Triton (except the GPU families a CPU Triton cannot export, checked against Triton's docs); nginx's own
+refusals in the shim's metrics; counts across workers, request IDs, JSON logs. The files themselves are
+checked in tests/unit/test_observability_files.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
 
 from app import promtext
 from app.embedded_triton import EmbeddedTriton
+from app.settings import Settings
+from tests.conftest import start_shim, stop_soon
 from tests.deploy_support import (
     adapter_query,
     adapter_rules,
     expressions,
+    nginx_or_skip,
     parse_selectors,
 )
-from tests.support import encode, photo
+from tests.support import encode, photo, wait_until
+from tools import proxy
 from tools.launch import ServedApp
 
 # Triton's GPU metrics as its documentation lists them (triton-inference-server/server,
@@ -51,12 +60,29 @@ def predict(base_url: str, jpeg: bytes, request_ids: Iterable[str]) -> list[requ
         return list(pool.map(one, request_ids))
 
 
+@pytest.fixture(scope="module")
+def behind_nginx(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedApp, proxy.Proxy]]:
+    """The shim as deployed behind nginx: SHIM_PROXY_HOPS=1 and nginx's access log counted (SHIM_PROXY_LOG_ADDRESS)."""
+    nginx_or_skip()
+    folder = tmp_path_factory.mktemp("behind-nginx")
+    address = f"127.0.0.1:{proxy.free_udp_port()}"
+    served = start_shim(folder, triton_url=triton.http_url, repo=test_repo, model_pt=test_model_pt, mode="triton",
+                        proxy_log_address=address, proxy_hops=1).wait("/readyz")
+    front = proxy.Proxy(folder / "nginx", f"127.0.0.1:{served.port}", settings=Settings(proxy_log_address=address))
+    yield served, front.wait()
+    front.stop()
+    stop_soon(served)
+
+
 @pytest.mark.triton
-def test_every_metric_the_dashboard_alerts_and_adapter_use_is_exported(shim_triton: ServedApp,
+def test_every_metric_the_dashboard_alerts_and_adapter_use_is_exported(behind_nginx: tuple[ServedApp, proxy.Proxy],
                                                                        triton: EmbeddedTriton) -> None:
-    answers = predict(shim_triton.url, encode(photo(320, 240, seed=5)), [f"scrape-{i}" for i in range(4)])
+    shim, front = behind_nginx
+    answers = predict(front.url, encode(photo(320, 240, seed=5)), [f"scrape-{i}" for i in range(4)])
     assert [a.status_code for a in answers] == [200] * 4
-    scraped = {**scrape(shim_triton.url + "/metrics"), **scrape(triton.metrics_url)}
+    wait_until(lambda: proxy_count(shim, "/predict", "200", "") >= 4, 10, "nginx's answers in the shim's /metrics")
+    scraped = {**scrape(shim.url + "/metrics"), **scrape(triton.metrics_url)}
     queries = {**expressions(), **{f"adapter rule {r['name']['as']}": adapter_query(r) for r in adapter_rules()}}
     gpu_used: set[str] = set()
     for where, expr in queries.items():
@@ -77,6 +103,69 @@ def test_every_metric_the_dashboard_alerts_and_adapter_use_is_exported(shim_trit
     assert GPU_ONLY <= TRITON_DOCUMENTED_GPU_METRICS
     assert not GPU_ONLY & set(scraped)
     assert {m for m in scraped if m.startswith("nv_inference_")}, "Triton's scrape has no inference metrics"
+
+
+def proxy_count(shim: ServedApp, path: str, status: str, reason: str) -> float:
+    return promtext.total(promtext.scrape(shim.url + "/metrics"), "shim_proxy_responses_total", path=path,
+                          status=status, reason=reason)
+
+
+def raw_answer(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        sock.settimeout(10)
+        return sock.recv(65536)
+
+
+def exporter_pids(master: int) -> list[int]:
+    """The master's `python -m app.proxy_log` processes (gunicorn.conf.py's Supervisor: a thread starts them)."""
+    tasks = Path(f"/proc/{master}/task").iterdir()
+    children = [pid for task in tasks for pid in (task / "children").read_text().split()]
+    return [int(pid) for pid in children if b"app.proxy_log" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+@pytest.mark.triton
+def test_nginx_refusals_show_in_the_shims_metrics_and_survive_the_counter_restarting(
+        behind_nginx: tuple[ServedApp, proxy.Proxy]) -> None:
+    """nginx answers these itself and the shim never sees them: an upload declared over the limit (413), a
+    broken chunked body (400 invalid_body). Each is counted once with its reason, as nginx logged it; the
+    counting process, killed, is started again by gunicorn's master and the counts go on from where they were."""
+    shim, front = behind_nginx
+    head = "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+    oversize = (head + f"Content-Length: {200 << 20}\r\n\r\n").encode()
+    broken = (head + "Transfer-Encoding: chunked\r\n\r\n").encode() + b"ZZZ\r\nxx\r\n0\r\n\r\n"
+    keys = [("/predict", "413", "too_large"), ("/predict", "400", "invalid_body"), ("/predict", "200", "")]
+    before = {key: proxy_count(shim, *key) for key in keys}
+
+    def sent() -> None:
+        assert raw_answer(front.port, oversize).startswith(b"HTTP/1.1 413")
+        assert raw_answer(front.port, broken).startswith(b"HTTP/1.1 400")
+        (answer,) = predict(front.url, encode(photo(64, 48)), [uuid.uuid4().hex])
+        assert answer.status_code == 200
+
+    def counted(since: dict[tuple[str, str, str], float]) -> bool:
+        return all(proxy_count(shim, *key) - since[key] == 1 for key in keys)
+
+    sent()
+    wait_until(lambda: counted(before), 10, "one 413 too_large, one 400 invalid_body and one 200 in /metrics")
+    logged = [(e["status"], e["refusal"]) for e in front.access_log() if e["path"] == "/predict"][-3:]
+    assert logged == [(413, "too_large"), (400, "invalid_body"), (200, "")], logged
+    (pid,) = exporter_pids(shim.process.pid)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: exporter_pids(shim.process.pid) not in ([], [pid]), 15, "the master to start the counter again")
+    # Lines sent before the new process has bound its socket are lost (nginx sends over UDP, to no one): send
+    # until one is counted, then the counts go on, the dead process's included.
+    total = proxy_count(shim, *keys[0])
+
+    def one_more_counted() -> bool:
+        assert raw_answer(front.port, oversize).startswith(b"HTTP/1.1 413")
+        return proxy_count(shim, *keys[0]) > total
+
+    wait_until(one_more_counted, 20, "a 413 counted by the new process", interval_s=0.5)
+    again = {key: proxy_count(shim, *key) for key in keys}
+    assert again[keys[0]] >= before[keys[0]] + 2  # the killed process's count is still in the sum
+    sent()
+    wait_until(lambda: counted(again), 10, "the three answers counted by the new process")
 
 
 def requests_total(url: str) -> float:

@@ -99,3 +99,23 @@ def test_every_thread_layout_the_bench_asks_for_is_one_the_shim_starts_with(thre
     settings = Settings.from_env(shim_layout(2, threads))  # raises SettingsError for a layout it refuses
     assert (settings.workers, settings.threads) == (2, threads)
     assert settings.max_pending == min(64, threads - 2)
+
+
+def test_the_memory_benchmarks_upload_is_the_largest_the_limits_accept() -> None:
+    """bench/memory.py's worst input: an image of exactly the pixel limit, in a body just under the upload
+    limit, which the shim's own upload reader and decoder take (small limits here, the defaults there)."""
+    import io
+
+    from PIL import Image
+
+    from app.preprocess import ImageSpec, decode
+    from app.uploads import image_from_form
+    from bench.memory import BOUNDARY, multipart, worst_image
+
+    limit = 1 << 20
+    body = multipart(worst_image(250_000, limit))
+    assert limit - 4096 <= len(body) <= limit
+    image = image_from_form(body, f"multipart/form-data; boundary={BOUNDARY}", "image", max_parts=1000,
+                            max_field_bytes=limit)
+    assert Image.open(io.BytesIO(image)).size == (500, 500)
+    assert decode(image, ImageSpec(max_pixels=250_000)).size == (500, 500)

@@ -29,6 +29,7 @@ from tests.deploy_support import (
     COMPOSE,
     DOCKERFILES,
     K8S,
+    TRITON_ADMIN_HEADER,
     adapter_query,
     adapter_rules,
     compose,
@@ -41,9 +42,11 @@ from tests.deploy_support import (
     k8s_objects,
     nginx_or_skip,
     parse_selectors,
+    restricted_groups,
     run,
     series_name,
     tool,
+    triton_command,
     yaml_docs,
 )
 from tests.support import ROOT
@@ -77,9 +80,10 @@ def test_compose_runs_triton_on_a_gpu_with_the_repository_read_only_and_hot_relo
     (gpu,) = triton["deploy"]["resources"]["reservations"]["devices"]
     assert gpu["driver"] == "nvidia" and gpu["capabilities"] == ["gpu"]
     assert "./triton_repo:/models:ro" in triton["volumes"]
-    assert triton["command"][:1] == ["tritonserver"]
-    assert {"--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"} <= set(triton["command"])
-    assert {p.split(":")[0] for p in triton["ports"]} == {"8000", "8001", "8002"}
+    script, args = triton_command(triton["command"])
+    assert args[:1] == ["tritonserver"] and 'exec "$$@"' in script  # the script runs the command after it
+    assert {"--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"} <= set(args)
+    assert set(triton["expose"]) == {"8000", "8001", "8002"}
     size = re.fullmatch(r"(\d+)(gb|mb)", triton["shm_size"])
     assert size and int(size.group(1)) * (1024 if size.group(2) == "gb" else 1) >= 256, triton["shm_size"]
     assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
@@ -90,7 +94,7 @@ def test_compose_shim_waits_for_a_healthy_triton_and_its_flag_switches_without_a
     shim, env = services["shim"], shim_env()
     assert shim["build"]["context"] == "."
     assert env["SHIM_TRITON_URL"] == "triton:8000"
-    assert "ports" not in shim and shim["expose"] == [str(Settings().port)]  # clients come through the proxy
+    assert "ports" not in shim and shim["expose"][0] == str(Settings().port)  # clients come through the proxy
     assert shim["depends_on"]["triton"]["condition"] == "service_healthy"
     # The mode comes from the environment, and the flag file lies on a named volume the image prepared.
     assert env["SHIM_MODE"].startswith("${SHIM_MODE")
@@ -104,6 +108,74 @@ def test_compose_shim_waits_for_a_healthy_triton_and_its_flag_switches_without_a
 def test_compose_passes_only_settings_the_shim_knows() -> None:
     unknown = set(shim_env()) - SETTINGS_VARS
     assert not unknown, f"not SHIM_* settings of app/settings.py: {sorted(unknown)}"
+
+
+# --- Triton reachable by the shim alone, its admin APIs behind a key (issue 18) ----------------------------
+
+RESTRICTED = {"model-repository", "shared-memory", "trace", "logging"}  # what no client of Triton may call
+
+
+def test_compose_publishes_no_triton_port_and_only_the_shim_and_prometheus_share_its_network() -> None:
+    services, networks = compose()["services"], compose()["networks"]
+    triton = services["triton"]
+    assert "ports" not in triton, "Triton's ports are published"
+    assert triton["networks"] == ["inference"] and networks["inference"]["internal"] is True
+    on_inference = {name for name, s in services.items() if "inference" in s.get("networks", [])}
+    assert on_inference == {"triton", "shim", "prometheus"}, on_inference
+    # Everything but the one-shots joins named networks only: no service lands on a shared default network.
+    assert {name for name, s in services.items() if "networks" not in s} == {"triton-keys", "model-export"}
+    assert services["triton-keys"]["network_mode"] == "none"
+    assert services["proxy"]["networks"] == ["edge"] and set(services["shim"]["networks"]) == {"edge", "inference"}
+    published = {name for name, s in services.items() if s.get("ports")}
+    assert published == {"proxy", "prometheus", "grafana"}, published
+
+
+def test_compose_restricts_tritons_admin_apis_with_keys_that_a_one_shot_service_writes() -> None:
+    services = compose()["services"]
+    triton, shim, keys = services["triton"], services["shim"], services["triton-keys"]
+    script, _ = triton_command(triton["command"])
+    groups = restricted_groups(script)
+    for protocol in ("http", "grpc"):
+        assert set().union(*groups[protocol]) == RESTRICTED, groups[protocol]  # each once (Triton's own rule)
+        assert sum(len(apis) for apis in groups[protocol]) == len(RESTRICTED)
+        assert {header for header, _ in groups[protocol].values()} == {TRITON_ADMIN_HEADER}
+    # Two keys: the shim holds only the shared-memory one, the operator's admin key stays in Triton.
+    shm_key = groups["http"][frozenset({"shared-memory"})][1]
+    admin_key = groups["http"][frozenset({"model-repository", "trace", "logging"})][1]
+    files = dict(re.findall(r"^(\w+)=\$\$\(cat (\S+)\)$", script, re.M))
+    assert files == {"shm": "/run/triton-keys/shared-memory", "admin": "/run/triton-keys/admin"}
+    assert (shm_key, admin_key) == ("$$shm", "$$admin") and "set -e" in script  # a missing key stops Triton
+    assert shim_env()["SHIM_TRITON_ADMIN_KEY_FILE"] == files["shm"]
+    assert shim_env()["SHIM_SHM_MODE"] == "0660" and triton["group_add"] == ["10001"]  # the shim's gid (Dockerfile)
+    assert "groupadd --system --gid 10001 shim" in (ROOT / "Dockerfile").read_text()
+    # The key service writes both files once, the admin key readable by Triton's user alone.
+    code = keys["entrypoint"][2]
+    assert keys["entrypoint"][:2] == ["python", "-c"] and "secrets.token_hex(32)" in code and "if path.exists()" in code
+    assert '("admin", 1000, 1000, 0o400)' in code and '("shared-memory", 10001, 10001, 0o440)' in code
+    mounts = {name: [v for v in s["volumes"] if v.startswith("triton-keys:")] for name, s in services.items()
+              if "volumes" in s}
+    assert {k: v for k, v in mounts.items() if v} == {"triton-keys": ["triton-keys:/run/triton-keys"],
+                                                      "triton": ["triton-keys:/run/triton-keys:ro"],
+                                                      "shim": ["triton-keys:/run/triton-keys:ro"]}
+    assert triton["depends_on"]["triton-keys"] == {"condition": "service_completed_successfully"}
+    assert shim["depends_on"]["triton"]["condition"] == "service_healthy"  # and so after the keys
+    # The key service runs the shim's image, which the shim service builds.
+    assert keys["image"] == shim["image"] and "build" not in keys
+
+
+def test_kubernetes_restricts_tritons_admin_apis_with_the_key_of_a_secret_it_does_not_ship() -> None:
+    triton = container(k8s_object("Deployment", "triton"))
+    groups = restricted_groups(" ".join(triton["args"]))
+    for protocol in ("http", "grpc"):
+        (apis,) = groups[protocol]
+        assert apis == RESTRICTED and groups[protocol][apis] == (TRITON_ADMIN_HEADER, "$(TRITON_ADMIN_KEY)")
+    (env,) = [e for e in triton["env"] if e["name"] == "TRITON_ADMIN_KEY"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "triton-admin", "key": "key"}  # not optional
+    assert not [o for o in k8s_objects() if o["kind"] == "Secret"], "a secret value is committed"
+    section = readme_section("Scale out on Kubernetes")
+    assert "create secret generic triton-admin" in section
+    # The hot reload in every Triton pod, with the key Kubernetes gives Triton's container.
+    assert 'os.environ["TRITON_ADMIN_KEY"]' in section and "/v2/repository/models/resnet50/load" in section
 
 
 def test_compose_profiles_and_mounted_files() -> None:
@@ -217,6 +289,93 @@ def test_hpas_scale_on_metrics_that_prometheus_adapter_serves() -> None:
             assert metric["type"] != "Resource" or metric["resource"]["name"] in {"cpu", "memory"}
 
 
+def workloads() -> list[dict[str, Any]]:
+    return [o for o in k8s_objects() if o["kind"] == "Deployment"]
+
+
+def selects(selector: dict[str, Any], deployment: dict[str, Any]) -> bool:
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    return bool(selector.get("matchLabels")) and selector["matchLabels"].items() <= labels.items()
+
+
+def test_no_replicas_where_an_hpa_owns_the_count() -> None:
+    """A `replicas` on a Deployment that an HPA scales resets the fleet to it on every `kubectl apply -k`."""
+    scaled = {o["spec"]["scaleTargetRef"]["name"] for o in k8s_objects() if o["kind"] == "HorizontalPodAutoscaler"}
+    assert scaled == {d["metadata"]["name"] for d in workloads()}
+    for deployment in workloads():
+        assert "replicas" not in deployment["spec"], f"{deployment['metadata']['name']} sets replicas"
+    for name in ("triton", "shim"):
+        text = (K8S / f"{name}.yaml").read_text()
+        assert "replicas:" not in text.replace("minReplicas", "").replace("# No `replicas`", ""), name
+        assert "No `replicas`: the HPA owns the count" in text
+
+
+def test_every_workload_has_a_disruption_budget_and_spreads_over_nodes_and_zones() -> None:
+    budgets = [o for o in k8s_objects() if o["kind"] == "PodDisruptionBudget"]
+    for deployment in workloads():
+        name = deployment["metadata"]["name"]
+        (budget,) = [b for b in budgets if selects(b["spec"]["selector"], deployment)]
+        assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"], name
+        hpa = k8s_object("HorizontalPodAutoscaler", name)
+        assert hpa["spec"]["minReplicas"] >= 2, "a budget of one unavailable pod needs two pods at least"
+        spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+        for constraint in spread:
+            assert constraint["maxSkew"] == 1 and selects(constraint["labelSelector"], deployment), (name, constraint)
+            assert constraint["matchLabelKeys"] == ["pod-template-hash"]  # each rollout's pods spread too
+    assert len(budgets) == len(workloads())
+
+
+def test_network_policies_admit_triton_from_shim_pods_and_prometheus_only() -> None:
+    policies = [o for o in k8s_objects() if o["kind"] == "NetworkPolicy"]
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    by_name = {}
+    for deployment in workloads():
+        (policy,) = [p for p in policies if selects(p["spec"]["podSelector"], deployment)]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        ports = {port["name"] for c in containers(deployment) for port in c["ports"]}
+        for rule in policy["spec"]["ingress"]:
+            assert {port["port"] for port in rule["ports"]} <= ports  # named ports of the pod
+        by_name[deployment["metadata"]["name"]] = [
+            ([{**peer} for peer in rule.get("from", [])], sorted(port["port"] for port in rule["ports"]))
+            for rule in policy["spec"]["ingress"]]
+    shim_pods = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "shim"}}}
+    assert by_name["triton"] == [([shim_pods], ["grpc", "http"]), ([prometheus], ["metrics"])]
+    # The shim: its clients at nginx from anywhere; gunicorn's own port to Prometheus alone.
+    assert by_name["shim"] == [([], ["http"]), ([prometheus], ["app"])]
+    assert len(policies) == len(workloads())
+
+
+def graceful_timeout() -> int:
+    match = re.search(r"^graceful_timeout = (\d+)", (ROOT / "gunicorn.conf.py").read_text(), re.M)
+    assert match
+    return int(match.group(1))
+
+
+def duration(value: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", value)
+    assert match, value
+    return int(match.group(1)) * (60 if match.group(2) == "m" else 1)
+
+
+def test_a_stop_waits_longer_than_gunicorn_and_nginx_finish_their_requests() -> None:
+    """Docker's default of 10 s, and Kubernetes' 30 s less preStop's sleep, must not SIGKILL gunicorn in its
+    graceful_timeout or nginx in its worker_shutdown_timeout: the requests in flight would fail."""
+    nginx_s = seconds(nginx_directive("worker_shutdown_timeout"))
+    services = compose()["services"]
+    assert duration(services["shim"]["stop_grace_period"]) >= graceful_timeout() + 5
+    assert duration(services["proxy"]["stop_grace_period"]) >= nginx_s + 5
+    assert nginx_s > graceful_timeout()  # nginx outlives gunicorn's graceful stop: the answers reach clients
+    pod = k8s_object("Deployment", "shim")["spec"]["template"]["spec"]
+    pre_stop = max(int(c["lifecycle"]["preStop"]["exec"]["command"][1]) for c in pod["containers"])
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + max(graceful_timeout(), nginx_s) + 5
+    triton_args = container(k8s_object("Deployment", "triton"))["args"]
+    exit_s = int(next(a for a in triton_args if a.startswith("--exit-timeout-secs=")).split("=")[1])
+    assert k8s_object("Deployment", "triton")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > exit_s
+    assert duration(services["triton"]["stop_grace_period"]) > 30  # tritonserver's default --exit-timeout-secs
+
+
 def readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
     match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
@@ -269,8 +428,11 @@ def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -
             assert positionals[0] in services, (sub, positionals)
         if sub == "up":
             assert set(positionals) <= set(services), positionals
-        if sub == "exec":
+        if sub == "exec" and positionals[0] == "shim":
             assert env["SHIM_FLAG_FILE"] in positionals  # the flag file the README removes is the one in use
+        if sub == "exec" and positionals[0] == "triton":  # the hot reload, with the key triton-keys writes
+            script = positionals[-1]
+            assert "/run/triton-keys/admin" in script and "/v2/repository/models/resnet50/load" in script
     assert "model-export" in {p[0] for _, sub, p in calls if sub == "run"}
     files = {c[i + 1] for c in commands(section) if c[:2] == ["docker", "compose"]
              for i, arg in enumerate(c[:-1]) if arg in {"-f", "--file"}}
@@ -430,7 +592,7 @@ def test_the_ci_override_swaps_only_images_the_gpu_and_the_model_repository(tmp_
     override, merged = compose_override(CI_OVERRIDE)["services"], merged_with(CI_OVERRIDE)
     validate_compose(merged, tmp_path)
     allowed = {"triton": {"build", "image", "command", "volumes", "deploy", "ulimits"},
-               "shim": {"build", "image", "volumes"}, "prometheus": {"build", "image"}}
+               "shim": {"build", "image", "volumes"}, "prometheus": {"build", "image"}, "triton-keys": {"image"}}
     for name, service in override.items():
         assert set(service) <= allowed.get(name, {"build", "image"}), (name, set(service))
         assert service["image"].startswith("flask-triton-shim-ci/"), "CI images never take the product's names"
@@ -438,23 +600,31 @@ def test_the_ci_override_swaps_only_images_the_gpu_and_the_model_repository(tmp_
             assert volume.split(":")[1:] == ["/models", "ro"], volume
     base = compose()["services"]
     for name, service in merged["services"].items():
-        for key in ("ports", "healthcheck", "depends_on", "environment", "entrypoint", "restart", "shm_size"):
+        for key in ("ports", "expose", "networks", "healthcheck", "depends_on", "environment", "entrypoint",
+                    "restart", "shm_size", "group_add", "stop_grace_period"):
             assert service.get(key) == base[name].get(key), (name, key)
     triton = merged["services"]["triton"]
     assert not triton["deploy"]["resources"]["reservations"].get("devices")
-    assert triton["volumes"] == [v for v in triton["volumes"] if v.endswith(":/models:ro")], triton["volumes"]
+    assert [v for v in triton["volumes"] if v.endswith(":/models:ro")] == ["./.cache/compose/standin-repo:/models:ro"]
+    assert [v for v in triton["volumes"] if not v.endswith(":/models:ro")] == \
+        [v for v in base["triton"]["volumes"] if not v.endswith(":/models:ro")]  # the keys, as docker-compose.yml
 
 
 def test_the_ci_triton_command_is_what_app_embedded_triton_accepts() -> None:
+    """docker-compose.yml's script with its keys, in front of app.embedded_triton, which passes what follows
+    `--` (the restricted APIs the script appends) on to tritonserver."""
     from app.embedded_triton.__main__ import parse_args
 
     command = compose_override(CI_OVERRIDE)["services"]["triton"]["command"]
-    assert command[:3] == ["python", "-m", "app.embedded_triton"]
-    config = parse_args(command[3:])
+    assert command[:4] == compose()["services"]["triton"]["command"][:4]  # sh -c SCRIPT NAME, unchanged
+    _, args = triton_command(command)
+    assert args[:3] == ["python", "-m", "app.embedded_triton"] and args[-1] == "--"
+    config = parse_args([*args[3:], "--http-restricted-api=shared-memory:k=v"])
     assert config.host == "0.0.0.0" and str(config.model_repository) == "/models"
     assert config.model_control_mode == "explicit"  # as docker-compose.yml's --model-control-mode=explicit
-    published = {int(p.split(":")[1]) for p in compose()["services"]["triton"]["ports"]}
-    assert {config.http_port, config.grpc_port, config.metrics_port} == published
+    assert config.extra_args == ("--http-restricted-api=shared-memory:k=v",)
+    exposed = {int(p) for p in compose()["services"]["triton"]["expose"]}
+    assert {config.http_port, config.grpc_port, config.metrics_port} == exposed
 
 
 def docker_compose_v2() -> bool:
@@ -539,34 +709,90 @@ def k8s_proxy() -> dict[str, Any]:
     return container(k8s_object("Deployment", "shim"), "proxy")
 
 
+ENVSH = proxy.ENTRYPOINT_SCRIPT
+ENVSH_MOUNT = "/docker-entrypoint.d/19-trusted-proxies.envsh"  # before the image's 20-envsubst-on-templates.sh
+
+
+def server_block(which: str) -> str:
+    """The template's edge server (clients connect there) or admission server (the inference budget)."""
+    text = NGINX_TEMPLATE.read_text()
+    starts = [m.start() for m in re.finditer(r"^    server \{$", text, re.M)]
+    assert len(starts) == 2, "the template has an edge and an admission server"
+    edge, admission = text[starts[0]:starts[1]], text[starts[1]:]
+    assert "listen ${PROXY_PORT}" in edge and "listen unix:${PROXY_ADMISSION_SOCKET}" in admission
+    return edge if which == "edge" else admission
+
+
+def directive_in(block: str, name: str, location: str = "") -> str:
+    text = location_block(block, location) if location else block
+    match = re.search(rf"^\s*{re.escape(name)}\s+([^;]+);", text, re.M)
+    assert match, f"{name} is not set{f' in location {location}' if location else ''}"
+    return match.group(1).strip()
+
+
 def test_the_proxy_template_uses_exactly_the_variables_each_deployment_sets() -> None:
     used = proxy.template_variables(NGINX_TEMPLATE.read_text())
     assert used == set(proxy.VARIABLES)
-    assert set(compose_proxy_values()) == used
-    assert {k for k in env_of(k8s_proxy()) if k.startswith("PROXY_")} == used
-    # The official image's entrypoint renders the template with only these names replaced (nginx's own
-    # $variables are lower case and untouched), into the folder that the command's -c and -p point at.
+    # PROXY_REAL_IP_FROM is the entrypoint script's, made from PROXY_TRUSTED_ADDRESSES, which each deployment sets.
+    given = used - {"PROXY_REAL_IP_FROM"} | set(proxy.INPUTS)
+    assert set(compose_proxy_values()) == given
+    assert {k for k in env_of(k8s_proxy()) if k.startswith("PROXY_")} == given
+    assert "PROXY_REAL_IP_FROM" in ENVSH.read_text() and os.access(ENVSH, os.X_OK)  # sourced only if executable
+    # The official image's entrypoint sources the script, then renders the template with only these names
+    # replaced (nginx's own $variables are lower case and untouched), into the folder -c and -p point at.
+    pod_volumes = {v["name"]: v for v in k8s_object("Deployment", "shim")["spec"]["template"]["spec"]["volumes"]}
     for env, cmd, mounts in [
         (compose()["services"]["proxy"]["environment"], compose()["services"]["proxy"]["command"],
-         [v.split(":")[1] for v in compose()["services"]["proxy"]["volumes"]]),
-        (env_of(k8s_proxy()), k8s_proxy()["args"], [f"{m['mountPath']}/{NGINX_TEMPLATE.name}"
-                                                    for m in k8s_proxy()["volumeMounts"]]),
+         {v.split(":")[1]: v.split(":")[0] for v in compose()["services"]["proxy"]["volumes"]}),
+        (env_of(k8s_proxy()), k8s_proxy()["args"],
+         {m["mountPath"] + ("" if "subPath" in m else f"/{NGINX_TEMPLATE.name}"):
+          m.get("subPath", NGINX_TEMPLATE.name) for m in k8s_proxy()["volumeMounts"]}),
     ]:
         assert env["NGINX_ENVSUBST_FILTER"] == "^PROXY_"
         helper = proxy.command(Path("nginx"), Path(env["NGINX_ENVSUBST_OUTPUT_DIR"]))  # what the tests start
         assert cmd[:-1] == helper[:-1] and cmd[-1] == "daemon off;" and helper[-1].startswith(cmd[-1]), (cmd, helper)
-        assert f"{env['NGINX_ENVSUBST_TEMPLATE_DIR']}/{NGINX_TEMPLATE.name}" in mounts
+        assert Path(mounts[f"{env['NGINX_ENVSUBST_TEMPLATE_DIR']}/{NGINX_TEMPLATE.name}"]).name == NGINX_TEMPLATE.name
+        assert Path(mounts[ENVSH_MOUNT]).name == ENVSH.name
+        # The admission socket lies in nginx's own writable folder, never shared with another container.
+        assert Path(env["PROXY_ADMISSION_SOCKET"]).parent == Path(env["NGINX_ENVSUBST_OUTPUT_DIR"])
+    assert pod_volumes["proxy-template"]["configMap"]["defaultMode"] == 0o555
 
 
+def test_the_trusted_proxies_script_writes_one_set_real_ip_from_each_and_refuses_junk() -> None:
+    values = {"PROXY_TRUSTED_ADDRESSES": "10.0.0.0/8, fd00::/8 192.0.2.7"}
+    assert proxy.entrypoint(values)["PROXY_REAL_IP_FROM"] == \
+        "set_real_ip_from 10.0.0.0/8; set_real_ip_from fd00::/8; set_real_ip_from 192.0.2.7; "
+    assert proxy.entrypoint({"PROXY_TRUSTED_ADDRESSES": ""})["PROXY_REAL_IP_FROM"] == ""
+    with pytest.raises(ValueError, match=re.escape("'10.0.0.0/8;include' is not an address")):
+        proxy.entrypoint({"PROXY_TRUSTED_ADDRESSES": "10.0.0.0/8;include"})
+    assert compose_proxy_values()["PROXY_TRUSTED_ADDRESSES"] == "" == env_of(k8s_proxy())["PROXY_TRUSTED_ADDRESSES"]
+
+
+def test_the_trusted_proxies_script_removes_a_stale_admission_socket(tmp_path: Path) -> None:
+    import socket
+
+    stale = tmp_path / "admission.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(stale))  # what an nginx killed before its shutdown leaves
+    proxy.entrypoint({"PROXY_ADMISSION_SOCKET": str(stale)})
+    assert not stale.exists()
+
+
+def deployed_proxy_values(where: str) -> dict[str, str]:
+    return compose_proxy_values() if where == "compose" else {k: v for k, v in env_of(k8s_proxy()).items()
+                                                             if k.startswith("PROXY_")}
+
+
+@pytest.mark.parametrize("trusted", ["", "10.0.0.0/8 fd00::/8"], ids=["no-trusted-proxy", "trusted-proxies"])
 @pytest.mark.parametrize("where", ["compose", "kubernetes"])
-def test_the_rendered_proxy_configuration_passes_nginx_t(where: str) -> None:
+def test_the_rendered_proxy_configuration_passes_nginx_t(where: str, trusted: str) -> None:
     nginx_or_skip()
-    values = compose_proxy_values() if where == "compose" else {k: v for k, v in env_of(k8s_proxy()).items()
-                                                                if k.startswith("PROXY_")}
-    # nginx resolves the upstream's host when it starts: compose's service name is not resolvable here.
-    values["PROXY_UPSTREAM"] = "127.0.0.1:" + values["PROXY_UPSTREAM"].rsplit(":", 1)[1]
+    values = {**deployed_proxy_values(where), "PROXY_TRUSTED_ADDRESSES": trusted}
+    # nginx resolves the upstream's and the log's host when it starts: compose's service name is not resolvable here.
+    for name in ("PROXY_UPSTREAM", "PROXY_LOG_ADDRESS"):
+        values[name] = "127.0.0.1:" + values[name].rsplit(":", 1)[1]
     values["PROXY_PORT"] = f"127.0.0.1:{free_port()}"
-    result = proxy.check(values)
+    result = proxy.check(proxy.entrypoint(values))
     assert result.returncode == 0, result.stderr
 
 
@@ -574,43 +800,141 @@ def test_nginx_t_rejects_a_misspelt_directive(tmp_path: Path) -> None:
     nginx_or_skip()
     broken = tmp_path / NGINX_TEMPLATE.name
     broken.write_text(NGINX_TEMPLATE.read_text().replace("client_body_timeout", "client_body_timeuot"))
-    result = proxy.check(proxy.values_for("127.0.0.1:5000", free_port()), broken)
+    result = proxy.check(proxy.values_for("127.0.0.1:5000", free_port(), prefix=tmp_path), broken)
     assert result.returncode != 0 and "client_body_timeuot" in result.stderr, result.stderr
+
+
+def shim_settings(where: str) -> Settings:
+    """The shim's settings as each deployment sets them (compose: its defaults when the shell sets nothing)."""
+    env = ({k: compose_default(v) for k, v in shim_env().items() if v not in ("", "None")} if where == "compose"
+           else env_of(container(k8s_object("Deployment", "shim"))))
+    # The key file is a secret mounted at run time, read when the settings are made: not on this machine.
+    return Settings.from_env({k: v for k, v in env.items() if k != "SHIM_TRITON_ADMIN_KEY_FILE"})
+
+
+@pytest.mark.parametrize("where", ["compose", "kubernetes"])
+def test_the_proxy_and_the_shim_agree_on_their_limits_wherever_both_are_set(where: str) -> None:
+    """PROXY_MAX_BODY_MB = SHIM_MAX_UPLOAD_MB, PROXY_MAX_INFLIGHT <= SHIM_MAX_PENDING, the access log's port
+    (README "The proxy in front of gunicorn"), as tools/proxy.py checks them for the tests."""
+    settings, values = shim_settings(where), deployed_proxy_values(where)
+    proxy.check_limits(values, settings)
+    assert settings.proxy_log_address  # behind nginx, nginx's answers are counted
+    if where == "compose":  # one knob each: the shell's value reaches both sides
+        env, front = shim_env(), compose()["services"]["proxy"]["environment"]
+        assert front["PROXY_MAX_BODY_MB"] == env["SHIM_MAX_UPLOAD_MB"] == "${SHIM_MAX_UPLOAD_MB:-16}"
+        assert front["PROXY_MAX_INFLIGHT"] == env["SHIM_MAX_PENDING"] == "${SHIM_MAX_PENDING:-64}"
+        assert int(compose_default(env["SHIM_MAX_PENDING"])) == Settings().max_pending
+        assert int(compose_default(env["SHIM_MAX_UPLOAD_MB"])) == Settings().max_upload_mb
+
+
+def mebibytes(quantity: str) -> float:
+    match = re.fullmatch(r"(\d+)(Mi|Gi)", quantity)
+    assert match, quantity
+    return int(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
+
+
+CONNECTION_KIB = 16  # nginx's own per connection besides the body buffer: about 10 KiB (make hostile-test)
+
+
+def test_the_proxys_memory_limit_holds_every_connection_with_a_full_body_buffer() -> None:
+    """What slow uploads can make nginx hold: every connection (worker_processes x worker_connections) with
+    its body buffer filled, plus nginx's own 32 MiB: under the proxy container's memory limit."""
+    workers = int(nginx_directive("worker_processes"))
+    connections = int(nginx_directive("worker_connections"))
+    buffer_kib = int(directive_in(server_block("edge"), "client_body_buffer_size").removesuffix("k"))
+    worst_mib = workers * connections * (buffer_kib + CONNECTION_KIB) / 1024 + 32
+    limit = mebibytes(k8s_proxy()["resources"]["limits"]["memory"])
+    assert worst_mib <= limit, f"{worst_mib:.0f} MiB of slow uploads over the proxy's limit of {limit:.0f} MiB"
+    assert limit <= 2 * worst_mib, "the limit is far above what nginx can hold: derive it again"
+
+
+# `python -m bench --memory` (bench/RESULTS.md): the shim container's memory under the worst input the limits
+# accept behind nginx (master and counter + one worker at its peak + the other ready), and ready, in MiB.
+POD_MEMORY_WORST_MIB = {"triton": 50 + 1451 + 61, "legacy": 50 + 2135 + 694}
+POD_MEMORY_READY_MIB = {"triton": 50 + 2 * 61, "legacy": 50 + 2 * 694}
+
+
+def test_the_shims_memory_is_derived_from_the_measured_worst_case() -> None:
+    shim = container(k8s_object("Deployment", "shim"))
+    env, resources = env_of(shim), shim["resources"]
+    assert env["SHIM_MODE"] == "triton" and env["SHIM_WORKERS"] == "2"  # what the figures were measured for
+    limit, request = mebibytes(resources["limits"]["memory"]), mebibytes(resources["requests"]["memory"])
+    assert 1.2 * POD_MEMORY_WORST_MIB["triton"] <= limit <= 1.5 * POD_MEMORY_WORST_MIB["triton"], limit
+    assert POD_MEMORY_READY_MIB["triton"] < request < limit
+    # The legacy image's figures, given in the manifest's comment, hold the same margins.
+    text = (K8S / "shim.yaml").read_text()
+    legacy_limit = mebibytes(re.search(r"use limit (\d+Mi)", text).group(1))  # type: ignore[union-attr]
+    legacy_request = mebibytes(re.search(r"and request (\d+Mi)", text).group(1))  # type: ignore[union-attr]
+    assert 1.2 * POD_MEMORY_WORST_MIB["legacy"] <= legacy_limit <= 1.5 * POD_MEMORY_WORST_MIB["legacy"]
+    assert POD_MEMORY_READY_MIB["legacy"] < legacy_request < legacy_limit
+    assert f"{POD_MEMORY_WORST_MIB['triton']:,} MiB" in text and f"{POD_MEMORY_WORST_MIB['legacy']:,} MiB" in text
+
+
+def test_check_limits_refuses_every_pair_that_disagrees() -> None:
+    settings = Settings(max_upload_mb=16, max_pending=64, proxy_log_address="0.0.0.0:5140")
+    good = {"PROXY_MAX_BODY_MB": "16", "PROXY_MAX_INFLIGHT": "64", "PROXY_LOG_ADDRESS": "shim:5140"}
+    proxy.check_limits(good, settings)
+    proxy.check_limits({**good, "PROXY_MAX_INFLIGHT": "8"}, settings)  # fewer in flight than a worker holds: fine
+    for wrong, named in [({"PROXY_MAX_BODY_MB": "32"}, "PROXY_MAX_BODY_MB='32' must equal SHIM_MAX_UPLOAD_MB=16"),
+                         ({"PROXY_MAX_INFLIGHT": "128"},
+                          "PROXY_MAX_INFLIGHT='128' must be from 1 to SHIM_MAX_PENDING=64"),
+                         ({"PROXY_MAX_INFLIGHT": "0"}, "PROXY_MAX_INFLIGHT='0'"),
+                         ({"PROXY_LOG_ADDRESS": "shim:5141"}, "must have the port of PROXY_LOG_ADDRESS=shim:5141")]:
+        with pytest.raises(ValueError, match=re.escape(named)):
+            proxy.check_limits({**good, **wrong}, settings)
 
 
 def test_the_proxy_agrees_with_the_shims_settings() -> None:
     settings = Settings()
-    # The upload limit: one value, nginx refusing first (413 before the body is read).
-    assert int(compose_proxy_values()["PROXY_MAX_BODY_MB"]) == settings.max_upload_mb
-    assert compose()["services"]["proxy"]["environment"]["PROXY_MAX_BODY_MB"] == shim_env()["SHIM_MAX_UPLOAD_MB"]
-    shim_k8s = env_of(container(k8s_object("Deployment", "shim")))
-    assert env_of(k8s_proxy())["PROXY_MAX_BODY_MB"] == shim_k8s["SHIM_MAX_UPLOAD_MB"]
+    edge, admission = server_block("edge"), server_block("admission")
     assert nginx_directive("client_max_body_size") == "${PROXY_MAX_BODY_MB}m"
-    # /predict let through at once: what one worker holds (SHIM_MAX_PENDING, its default here), so that the
-    # shim itself never refuses behind nginx, whichever worker the kernel hands nginx's connections to.
-    assert int(compose_proxy_values()["PROXY_MAX_INFLIGHT"]) == settings.max_pending
-    assert int(env_of(k8s_proxy())["PROXY_MAX_INFLIGHT"]) == settings.max_pending
-    assert nginx_directive("limit_conn", "= /predict") == "shim_predict_total ${PROXY_MAX_INFLIGHT}"
-    # /predict: nginx waits longer than the shim's own bound, so the shim's 504 (the contract's) comes first.
-    assert seconds(nginx_directive("proxy_read_timeout")) >= settings.triton_timeout_s + 5
-    # Probes: nginx gives /readyz more than the shim's readiness deadline, and the kubelet more than nginx.
+    # /predict: the budget applies at the admission server, to complete requests only; the edge limits what
+    # one address has in progress, its body still arriving included.
+    assert directive_in(admission, "limit_conn", "= /predict") == "shim_predict_total ${PROXY_MAX_INFLIGHT}"
+    assert directive_in(edge, "limit_conn", "= /predict") == "shim_predict_per_client 32"
+    assert "shim_predict_total" not in edge and "shim_predict_per_client" not in admission
+    assert directive_in(edge, "proxy_request_buffering") == "on"  # the whole body before the admission server
+    assert directive_in(edge, "proxy_pass", "= /predict") == "http://shim_admission"
+    assert directive_in(admission, "proxy_pass", "= /predict") == "http://shim"
+    assert "upstream shim_admission {\n        server unix:${PROXY_ADMISSION_SOCKET};" in NGINX_TEMPLATE.read_text()
+    # The client address: from trusted proxies at the edge, passed on alone (never what the client wrote).
+    assert directive_in(edge, "real_ip_header") == "X-Forwarded-For" and "${PROXY_REAL_IP_FROM}" in edge
+    assert directive_in(admission, "set_real_ip_from") == "unix:"
+    for block in (edge, admission):
+        assert directive_in(block, "proxy_set_header X-Forwarded-For") == "$remote_addr"
+    assert "$proxy_add_x_forwarded_for" not in NGINX_TEMPLATE.read_text()
+    # /predict: nginx waits longer than the shim's own bound, so the shim's 504 (the contract's) comes first,
+    # and the edge longer than the admission server.
+    assert seconds(directive_in(admission, "proxy_read_timeout")) >= settings.triton_timeout_s + 5
+    assert seconds(directive_in(edge, "proxy_read_timeout", "= /predict")) > \
+        seconds(directive_in(admission, "proxy_read_timeout"))
+    # Probes: straight from the edge to gunicorn (no budget, no extra hop), never limited; nginx gives /readyz
+    # more than the shim's readiness deadline, and the kubelet more than nginx.
     for path in ("/healthz", "/readyz"):
-        assert settings.readiness_timeout_s + 0.5 <= seconds(nginx_directive("proxy_read_timeout", f"= {path}")) <= 2
-        assert "limit_conn" not in location_block(NGINX_TEMPLATE.read_text(), f"= {path}")
-    assert k8s_proxy()["readinessProbe"]["timeoutSeconds"] > seconds(nginx_directive("proxy_read_timeout",
-                                                                                      "= /readyz"))
+        assert directive_in(edge, "proxy_pass", f"= {path}") == "http://shim"
+        assert settings.readiness_timeout_s + 0.5 <= seconds(directive_in(edge, "proxy_read_timeout",
+                                                                          f"= {path}")) <= 2
+        assert "limit_conn" not in location_block(edge, f"= {path}") and f"= {path}" not in admission
+    assert directive_in(edge, "proxy_pass", "/") == "http://shim"
+    assert k8s_proxy()["readinessProbe"]["timeoutSeconds"] > seconds(directive_in(edge, "proxy_read_timeout",
+                                                                                 "= /readyz"))
     # Upstream keep-alive: nginx drops an idle connection before gunicorn does, never reusing one it closes.
     gunicorn = re.search(r"^keepalive = (\d+)", (ROOT / "gunicorn.conf.py").read_text(), re.M)
     upstream = re.search(r"upstream shim \{.*?keepalive_timeout (\w+);", NGINX_TEMPLATE.read_text(), re.S)
     assert gunicorn and upstream and seconds(upstream.group(1)) < int(gunicorn.group(1))
-    # Slow clients end in nginx: short header and body timeouts, buffered uploads, limits per address.
+    inner = re.search(r"upstream shim_admission \{.*?keepalive_timeout (\w+);", NGINX_TEMPLATE.read_text(), re.S)
+    assert inner and seconds(inner.group(1)) < seconds(directive_in(admission, "keepalive_timeout"))
+    # Slow clients end at the edge: short header and body timeouts, buffered uploads, a small body buffer.
     for timeout in ("client_header_timeout", "client_body_timeout", "send_timeout"):
-        assert seconds(nginx_directive(timeout)) <= 10, timeout
-    for directive, value in [("proxy_request_buffering", "on"), ("server_tokens", "off"), ("lingering_close", "off"),
-                             ("proxy_next_upstream", "off")]:
+        assert seconds(directive_in(edge, timeout)) <= 10, timeout
+    assert directive_in(edge, "client_body_buffer_size") == "64k"
+    for directive, value in [("server_tokens", "off"), ("lingering_close", "off"), ("proxy_next_upstream", "off")]:
         assert nginx_directive(directive) == value, directive
-    assert "limit_conn shim_predict_per_client " in location_block(NGINX_TEMPLATE.read_text(), "= /predict")
     assert "escape=json" in nginx_directive("log_format")
+    # Every answer is logged once, at the edge, and sent to the shim's counter; the admission server logs none.
+    assert nginx_directive("access_log") == "off"
+    assert "access_log" not in admission
+    assert "access_log syslog:server=${PROXY_LOG_ADDRESS},tag=nginx,nohostname shim_metrics;" in edge
 
 
 def test_compose_puts_the_proxy_in_front_of_the_shim() -> None:
@@ -661,7 +985,8 @@ def kustomize_build() -> str:
 def test_kustomize_generates_the_proxy_configmap_from_deploy_nginx(tmp_path: Path) -> None:
     objects = [d for d in yaml.safe_load_all(kustomize_build()) if d]
     (configmap,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("shim-proxy")]
-    assert configmap["data"] == {NGINX_TEMPLATE.name: NGINX_TEMPLATE.read_text()}  # the same file, not a copy
+    assert configmap["data"] == {NGINX_TEMPLATE.name: NGINX_TEMPLATE.read_text(),  # the same files, not copies
+                                 ENVSH.name: ENVSH.read_text()}
     assert configmap["metadata"]["namespace"] == "inference"
     (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "shim"]
     names = {v["configMap"]["name"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "configMap" in v}

@@ -37,6 +37,16 @@ def test_promql_parser_rejects_broken_promql() -> None:
         parse_selectors("sum(rate(shim_requests_total[1m])")
 
 
+def test_the_error_and_capacity_alerts_read_nginxs_answers_where_nginx_is_in_front() -> None:
+    rules = {r["alert"]: str(r["expr"]) for r in alert_rules()}
+    for name in ("ShimHighErrorRate", "ShimOverloaded"):
+        metrics = {s.metric for s in parse_selectors(rules[name])[0]}
+        assert {"shim_proxy_responses_total", "shim_requests_total"} <= metrics, name
+        assert " or" in rules[name], f"{name}: nginx's answers, or the shim's where no nginx is in front"
+    assert 'reason="overloaded"' in rules["ShimOverloaded"]
+    assert "client_limit" in rules["ShimClientsRefused"] and "client_timeout" in rules["ShimClientsRefused"]
+
+
 def test_every_rule_has_a_valid_expression_a_severity_and_a_summary() -> None:
     rules = alert_rules()
     assert {"ShimHighErrorRate", "ShimHighP99Latency", "TritonInferenceFailures"} <= {r["alert"] for r in rules}
@@ -60,11 +70,16 @@ def test_the_dashboard_has_the_panels_operators_watch_on_the_provisioned_datasou
     used = {s.metric for e in panel_exprs for s in parse_selectors(e)[0]}
     assert {"nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us", "nv_gpu_utilization",
             "shim_requests_total", "shim_request_duration_seconds_bucket", "shim_fallbacks_total",
-            "shim_shadow_comparisons_total", "shim_batch_size_sum", "shim_traffic_mode"} <= used
+            "shim_shadow_comparisons_total", "shim_batch_size_sum", "shim_traffic_mode",
+            "shim_proxy_responses_total"} <= used
     assert any("histogram_quantile(0.99" in e for e in panel_exprs)
     assert any("histogram_quantile(0.5" in e for e in panel_exprs)
     assert any('result="mismatch"' in e for e in panel_exprs)
     assert any("by (backend)" in e and "shim_requests_total" in e for e in panel_exprs)
+    # nginx's answers where nginx is in front (its refusals never reach the shim), the shim's otherwise.
+    (share,) = [e for e in panel_exprs if 'status=~"5.."' in e]
+    assert "shim_proxy_responses_total" in share and " or " in share and "shim_requests_total" in share
+    assert any("shim_proxy_responses_total" in e and "by (reason)" in e for e in panel_exprs)
     # Panels use the datasource Grafana is provisioned with, from the folder compose mounts.
     (datasources,) = yaml_docs(GRAFANA / "provisioning" / "datasources" / "prometheus.yml")
     uids = {d["uid"] for d in datasources["datasources"]}

@@ -34,6 +34,9 @@ def test_shim_backend_is_accepted_as_the_first_name_of_the_mode() -> None:
     ({"SHIM_TRITON_URL": "triton:8000/v2"}, r"SHIM_TRITON_URL='triton:8000/v2' is not valid: expected host:port"),
     ({"SHIM_TRITON_TIMEOUT_S": "-1"}, r"SHIM_TRITON_TIMEOUT_S=-1.0 is not valid"),
     ({"SHIM_MODEL_VERSION": "latest"}, r"SHIM_MODEL_VERSION='latest' is not valid"),
+    ({"SHIM_PROXY_LOG_ADDRESS": "5140"}, r"SHIM_PROXY_LOG_ADDRESS='5140' is not valid: expected empty \(off\) or "
+                                         r"host:port"),
+    ({"SHIM_PROXY_LOG_ADDRESS": "127.0.0.1:99999"}, r"SHIM_PROXY_LOG_ADDRESS='127.0.0.1:99999' is not valid"),
 ])
 def test_a_bad_value_names_the_variable_and_what_it_allows(env: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError, match=message):

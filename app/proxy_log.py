@@ -1,0 +1,178 @@
+"""nginx's answers as the shim's metrics: nginx's access log, received as UDP syslog datagrams and counted.
+
+Behind nginx (deploy/nginx), nginx answers a good share of the requests itself: its 503s (too many requests
+of one address, the inference budget spent), 413s, 400s and 408s never reach gunicorn, so the shim's own
+counters never see them. nginx sends one syslog datagram per answer (log_format shim_metrics: status, path
+and its reason) to SHIM_PROXY_LOG_ADDRESS; a small process, `python -m app.proxy_log HOST:PORT`, started and
+restarted by gunicorn's master (gunicorn.conf.py, through Supervisor below), counts them in
+shim_proxy_responses_total{path,status,reason}. It writes to the same prometheus_client multiprocess folder
+as the workers, so the shim's /metrics serves the counts with everything else: nothing more to scrape.
+
+UDP rather than a unix datagram socket: a unix socket queues at most net.unix.max_dgram_qlen datagrams (10 in
+a container's network namespace) and nginx drops what does not fit, while a UDP socket queues what its
+receive buffer holds (4 MiB asked for, thousands of lines). Kubernetes: nginx and the shim share the pod's
+loopback (127.0.0.1:5140); docker compose: nginx sends to shim:5140 on the network only the two share.
+
+A process of its own rather than a thread in the master: the master forks workers, and a thread holding
+prometheus_client's lock at that instant would leave it locked in the new worker forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from types import FrameType
+
+log = logging.getLogger("shim.proxy_log")
+
+RECEIVE_BYTES = 4096  # one access-log line of log_format shim_metrics is under 200 bytes
+RECEIVE_BUFFER = 4 << 20  # asked for; the kernel caps it at net.core.rmem_max
+RESTART_S = 1.0
+
+
+def parse(datagram: bytes) -> tuple[str, str, str] | None:
+    """(path, status, reason) from one syslog datagram of nginx (`<PRI>TIMESTAMP TAG: {json}`); None if not one.
+
+    Label values are bounded whatever arrives: a path outside PROXY_PATHS is "other", a status outside
+    100-599 or a reason that nginx's configuration does not name is "other".
+    """
+    from app.metrics import PROXY_PATHS, PROXY_REASONS
+
+    start = datagram.find(b"{")
+    if start < 0:
+        return None
+    try:
+        entry = json.loads(datagram[start:])
+    except ValueError:
+        return None
+    if not isinstance(entry, dict):
+        return None
+    path, status, reason = entry.get("path"), entry.get("status"), entry.get("refusal", "")
+    path = path if path in PROXY_PATHS else "other"
+    status = str(status) if isinstance(status, int) and 100 <= status <= 599 else "other"
+    reason = reason if reason == "" or reason in PROXY_REASONS else "other"
+    return path, status, reason
+
+
+def initialize() -> None:
+    """The series the alerts divide by exist from the start, at zero (deploy/prometheus/alerts.yml)."""
+    from app.metrics import PROXY_RESPONSES
+
+    for status, reason in [("200", ""), ("503", ""), ("503", "overloaded"), ("503", "client_limit"),
+                           ("413", "too_large"), ("408", "client_timeout")]:
+        PROXY_RESPONSES.labels("/predict", status, reason)
+
+
+def bind(address: str) -> socket.socket:
+    """A UDP socket bound to host:port (an IPv6 host in brackets or bare), with a large receive buffer."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+    sock.bind((host, int(port)))
+    return sock
+
+
+def serve(sock: socket.socket, stop: threading.Event, parent: int | None = None) -> int:
+    """Count every datagram until `stop` is set or the parent process (gunicorn's master) is gone; how many."""
+    from app.metrics import PROXY_RESPONSES
+
+    counted = 0
+    sock.settimeout(0.5)
+    while not stop.is_set() and (parent is None or os.getppid() == parent):
+        try:
+            datagram = sock.recv(RECEIVE_BYTES)
+        except TimeoutError:
+            continue
+        labels = parse(datagram)
+        if labels is None:
+            log.warning("not an access-log line of nginx: %r", datagram[:200])
+            continue
+        PROXY_RESPONSES.labels(*labels).inc()
+        counted += 1
+    return counted
+
+
+def main(argv: list[str] | None = None) -> int:
+    from app.logs import configure_logging
+    from app.settings import Settings
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m app.proxy_log HOST:PORT", file=sys.stderr)
+        return 2
+    configure_logging(Settings.from_env().log_level)
+    address = args[0]
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    initialize()
+    try:
+        sock = bind(address)
+    except (OSError, ValueError) as e:
+        log.error("cannot receive nginx's access log on UDP %s: %s", address, e)
+        return 1
+    log.info("counting nginx's answers sent to UDP %s", address)
+    try:
+        serve(sock, stop, parent=os.getppid())
+    finally:
+        sock.close()
+    return 0
+
+
+class Supervisor:
+    """gunicorn's master keeps `python -m app.proxy_log HOST:PORT` running: started when the master is ready,
+    restarted a second after it exits, stopped with the master."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._thread = threading.Thread(target=self._run, name="proxy-log", daemon=True)
+
+    def start(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        command = [sys.executable, "-m", "app.proxy_log", self.address]
+        while not self._stop.is_set():
+            with self._lock:
+                if self._stop.is_set():
+                    break
+                self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+            code = self._process.wait()
+            if not self._stop.is_set():
+                log.warning("python -m app.proxy_log exited (%s); restarting it", code)
+                self._stop.wait(RESTART_S)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop.set()
+            process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._thread.join(timeout=5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""`python -m bench --memory`: the peak memory of a shim worker under the worst input its limits accept.
+
+What the limits let one worker hold at once (README "Scale out on Kubernetes", the shim pod's memory):
+
+* SHIM_MAX_PENDING /predict requests, each with a body of SHIM_MAX_UPLOAD_MB: behind nginx, the pod's
+  PROXY_MAX_INFLIGHT (= SHIM_MAX_PENDING) complete uploads may all go to one worker;
+* SHIM_DECODE_SLOTS of them decoding an image of SHIM_MAX_IMAGE_PIXELS at once;
+* the legacy model loaded (SHIM_MODE=shadow: legacy answers every request, Triton is called beside it).
+
+This starts the wheel's Triton (the near-free stand-in repository: Triton's memory is not the question), the
+shim under gunicorn with ONE worker, the settings at their defaults (or as SHIM_* variables in this
+environment set them: `SHIM_MAX_PENDING=16 python -m bench --memory`) but for the mode and
+SHIM_PROXY_LOG_ADDRESS (so that the process counting nginx's answers is there too), and sends
+SHIM_MAX_PENDING uploads at once, each a JPEG of SHIM_MAX_IMAGE_PIXELS pixels padded to just under the upload
+limit, several rounds. SHIM_TRITON_TIMEOUT_S is 120 s here: at its 10 s a request still queued behind the
+decodes would get its 504 and leave, ending the worst case early. --uploads, --pixels and --upload-mb send
+other uploads under the same limits, to see what each part costs.
+
+It reads the peak resident memory of each process from the kernel (VmHWM in /proc/<pid>/status: the
+high-water mark, not a sample) and prints what a pod needs behind nginx, which lets PROXY_MAX_INFLIGHT
+(= SHIM_MAX_PENDING) uploads into the whole pod (at worst all into one worker):
+
+    master + the counting process + worker peak + (SHIM_WORKERS - 1) x worker ready
+
+A benchmark figure, not a test: it asserts nothing, and a run takes about two to three minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.stack import ROOT, start_triton
+from tools import launch
+
+BOUNDARY = "benchmemoryboundary"
+
+
+def status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def children(pid: int) -> list[int]:
+    """Every child of a process, whichever of its threads started it."""
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+
+
+def worst_image(max_pixels: int, max_upload_bytes: int) -> bytes:
+    """A JPEG of max_pixels (a square, photo-like) padded after its end marker to just under the upload limit,
+    with room for the multipart envelope: the largest decode and the largest body the limits accept."""
+    import numpy as np
+    from PIL import Image
+
+    from tools.sample_images import encode, photo
+
+    side = int(max_pixels ** 0.5)
+    tile = photo(1024, 1024, seed=7)
+    pixels = np.tile(tile, (side // 1024 + 1, side // 1024 + 1, 1))[:side, :side]
+    data = encode(Image.fromarray(pixels), "JPEG", quality=85)
+    room = max_upload_bytes - 4096 - len(data)
+    if room < 0:
+        raise SystemExit(f"a {side}x{side} JPEG is {len(data):,} bytes, over the upload limit: lower its quality")
+    return data + b"\0" * room  # Pillow stops at the end marker; the body is still the full size
+
+
+def multipart(image: bytes) -> bytes:
+    head = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"worst.jpg\"\r\n"
+            "Content-Type: image/jpeg\r\n\r\n").encode()
+    return head + image + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def post(port: int, body: bytes, timeout_s: float) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("POST", "/predict", body=body,
+                     headers={"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except OSError:
+        return 0
+    finally:
+        conn.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    from app.settings import Settings
+    from tools.proxy import free_udp_port
+    from tools.standin_repo import write_standin_repo
+
+    work = Path(tempfile.mkdtemp(prefix="bench-memory-"))
+    given = {k: v for k, v in os.environ.items() if k.startswith("SHIM_")}
+    settings = Settings.from_env(given)
+    uploads = args.uploads or settings.max_pending
+    pixels = args.pixels or settings.max_image_pixels
+    upload_bytes = int(args.upload_mb * 2**20) if args.upload_mb else settings.max_upload_bytes
+    legacy_model = args.model_pt or ROOT / "triton_repo" / "resnet50" / "1" / "model.pt"
+    if not legacy_model.is_file():
+        raise SystemExit(f"{legacy_model} is missing: run `make export` (the legacy model is part of the worst case)")
+    repo = write_standin_repo(work / "standin_repo")
+    triton = start_triton(repo, work / "triton")
+    env = {**given, "SHIM_TRITON_URL": triton.http_url, "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"),
+           "SHIM_MODE": given.get("SHIM_MODE", "shadow"), "SHIM_LEGACY_MODEL_PATH": str(legacy_model),
+           "SHIM_WORKERS": "1", "SHIM_PROXY_LOG_ADDRESS": f"127.0.0.1:{free_udp_port()}",
+           "SHIM_TRITON_TIMEOUT_S": "120"}
+    shim = launch.start_shim(work, env)
+    try:
+        shim.wait("/readyz", timeout_s=300)
+        master = shim.process.pid
+        (worker,) = [pid for pid in children(master) if "app.proxy_log" not in cmdline(pid)]
+        (counter,) = [pid for pid in children(master) if "app.proxy_log" in cmdline(pid)]
+        idle = status_kib(worker, "VmRSS")
+        body = multipart(worst_image(pixels, upload_bytes))
+        print(f"memory: {uploads} uploads of {len(body) / 2**20:.1f} MiB at once, each a {pixels / 1e6:.1f} MP "
+              f"JPEG; SHIM_MAX_PENDING {settings.max_pending}, SHIM_DECODE_SLOTS {settings.decode_slots}; "
+              f"SHIM_MODE={env['SHIM_MODE']} (legacy model {legacy_model.name}, "
+              f"{legacy_model.stat().st_size / 2**20:.0f} MiB, loaded in legacy, shadow and canary)",
+              flush=True)
+        statuses: dict[int, int] = {}
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(uploads) as pool:
+            for _ in range(args.rounds):
+                for status in pool.map(lambda _: post(shim.port, body, 600), range(uploads)):
+                    statuses[status] = statuses.get(status, 0) + 1
+        elapsed = time.monotonic() - started
+        figures: dict[str, Any] = {
+            "worker_idle_rss_mib": idle / 1024,
+            "worker_peak_rss_mib": status_kib(worker, "VmHWM") / 1024,
+            "master_peak_rss_mib": status_kib(master, "VmHWM") / 1024,
+            "counter_peak_rss_mib": status_kib(counter, "VmHWM") / 1024,
+            "answers": statuses, "seconds": round(elapsed, 1),
+        }
+    finally:
+        shim.stop()
+        triton.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    workers = settings.workers
+    peak, idle_mib = figures["worker_peak_rss_mib"], figures["worker_idle_rss_mib"]
+    own = figures["master_peak_rss_mib"] + figures["counter_peak_rss_mib"]
+    # Behind nginx the pod holds PROXY_MAX_INFLIGHT (= SHIM_MAX_PENDING) uploads in all: at worst all in one
+    # worker, the others ready and idle. Without nginx (make run) every worker may hold SHIM_MAX_PENDING.
+    behind_nginx = own + peak + (workers - 1) * idle_mib
+    alone = own + workers * peak
+    figures.update(pod_behind_nginx_mib=behind_nginx, pod_without_nginx_mib=alone)
+    print(json.dumps(figures, indent=1))
+    print(f"memory: a worker: {idle_mib:.0f} MiB ready, {peak:.0f} MiB at its peak; the master and the counter of "
+          f"nginx's answers {own:.0f} MiB. SHIM_WORKERS={workers}, behind nginx: {behind_nginx:.0f} MiB at worst "
+          f"({own:.0f} + {peak:.0f} + {workers - 1} x {idle_mib:.0f}); without nginx: {alone:.0f} MiB "
+          f"({own:.0f} + {workers} x {peak:.0f}). Answers {statuses} in {elapsed:.0f} s", flush=True)
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench --memory", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=2, help="rounds of SHIM_MAX_PENDING uploads at once (default 2)")
+    p.add_argument("--model-pt", type=Path, help="the legacy model (default triton_repo/resnet50/1/model.pt)")
+    p.add_argument("--uploads", type=int, help="uploads at once (default SHIM_MAX_PENDING)")
+    p.add_argument("--pixels", type=int, help="pixels of each upload's image (default SHIM_MAX_IMAGE_PIXELS)")
+    p.add_argument("--upload-mb", type=float, help="each upload's size (default SHIM_MAX_UPLOAD_MB)")
+    return p.parse_args(argv)
