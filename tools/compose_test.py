@@ -514,6 +514,14 @@ def build_images(stages: Stages, engine: Engine, stack: Stack, only: list[str] |
         d.append(f"{', '.join(built)} (log {(LOGS / 'build.log').relative_to(ROOT)})")
 
 
+def run_suite(folder: str, flag: str, logs: Path, *options: str) -> None:
+    """pytest on `folder` with `flag`=1 in its environment (the suite's own switch); StageError naming `logs`."""
+    tests = subprocess.run([sys.executable, "-m", "pytest", folder, "-v", "-p", "no:cacheprovider", "--tb=short",
+                            "--durations=0", *options], cwd=ROOT, env={**os.environ, flag: "1"}, check=False)
+    if tests.returncode != 0:
+        raise StageError(f"pytest {folder} failed (exit {tests.returncode}); the logs: {logs.relative_to(ROOT)}")
+
+
 def shm_entries() -> set[str]:
     shm = Path("/dev/shm")
     return {p.name for p in shm.iterdir()} if shm.is_dir() else set()
@@ -537,12 +545,7 @@ def main() -> int:
         with stages.stage("stack") as d:
             skipped = ", ".join(f"{name} ({why})" for name, why in NOT_IN_CI.items())
             d.append(f"services {', '.join(stack.services())}; not run here: {skipped}")
-            env = {**os.environ, "COMPOSE_STACK": "1"}
-            tests = subprocess.run([sys.executable, "-m", "pytest", "tests/compose", "-v", "-p", "no:cacheprovider",
-                                    "--tb=short", "--durations=0"], cwd=ROOT, env=env, check=False)
-            if tests.returncode != 0:
-                raise StageError(f"pytest tests/compose failed (exit {tests.returncode}); the services' logs: "
-                                 f"{(LOGS / 'stack.log').relative_to(ROOT)}")
+            run_suite("tests/compose", "COMPOSE_STACK", LOGS / "stack.log")
         result = 0
     except StageError:
         pass

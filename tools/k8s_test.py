@@ -542,14 +542,8 @@ def main(argv: list[str] | None = None) -> int:
             d.append(copy_images(sorted(set(plan.images.values()))))
             d.append(engine.stop())
         with stages.stage("pods") as d:
-            env = {**os.environ, "K8S_PODS": "1"}
-            tests = subprocess.run([sys.executable, "-m", "pytest", "tests/k8s", "-v", "-p", "no:cacheprovider",
-                                    "--tb=short", "--durations=0", "-rP",
-                                    # The probes' own deadlines bound each test (Triton's start: 300 s).
-                                    "-o", "timeout=900"], cwd=ROOT, env=env, check=False)
-            if tests.returncode != 0:
-                raise StageError(f"pytest tests/k8s failed (exit {tests.returncode}); the pods' logs: "
-                                 f"{(LOGS / 'pods.log').relative_to(ROOT)}")
+            # The probes' own deadlines bound each test (Triton's start: 300 s).
+            compose_test.run_suite("tests/k8s", "K8S_PODS", LOGS / "pods.log", "-rP", "-o", "timeout=900")
             d.append(f"{len(of_kind(objects, 'Deployment'))} pods checked")
         result = 0
     except StageError:
