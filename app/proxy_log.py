@@ -25,7 +25,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 from types import FrameType
@@ -135,13 +134,19 @@ def main(argv: list[str] | None = None) -> int:
 
 class Supervisor:
     """gunicorn's master keeps `python -m app.proxy_log HOST:PORT` running: started when the master is ready,
-    restarted a second after it exits, stopped with the master."""
+    restarted a second after it exits, stopped with the master.
+
+    Started with posix_spawn, not subprocess.Popen: Popen waits on a pipe until its child has exec'd, and a
+    worker that the master forks meanwhile inherits that pipe's write end and keeps it open for its whole
+    life, so Popen, and with it the supervisor, would wait for ever (seen under load: never restarted).
+    posix_spawn reports a failed exec without a pipe. gunicorn's master reaps every child it does not know
+    (waitpid(-1)), so this one's exit status may be gone: its exit is what counts."""
 
     def __init__(self, address: str) -> None:
         self.address = address
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._process: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
         self._thread = threading.Thread(target=self._run, name="proxy-log", daemon=True)
 
     def start(self) -> Supervisor:
@@ -154,8 +159,13 @@ class Supervisor:
             with self._lock:
                 if self._stop.is_set():
                     break
-                self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-            code = self._process.wait()
+                try:
+                    self._pid = os.posix_spawn(sys.executable, command, os.environ, file_actions=[
+                        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)])
+                except OSError as e:
+                    log.error("cannot start python -m app.proxy_log: %s", e)
+                    self._pid = None
+            code = _exit_code(self._pid) if self._pid is not None else None
             if not self._stop.is_set():
                 log.warning("python -m app.proxy_log exited (%s); restarting it", code)
                 self._stop.wait(RESTART_S)
@@ -163,15 +173,32 @@ class Supervisor:
     def stop(self) -> None:
         with self._lock:
             self._stop.set()
-            process = self._process
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            pid = self._pid
+        if pid is not None and _running(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            self._thread.join(timeout=5)
+            if _running(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         self._thread.join(timeout=5)
+
+
+def _exit_code(pid: int) -> int | str:
+    """Wait for `pid` to exit; its exit code, or 'reaped by the master' when gunicorn's reaper took it first."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return "reaped by the master"
+    return os.waitstatus_to_exitcode(status)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 if __name__ == "__main__":
