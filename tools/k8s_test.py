@@ -67,6 +67,8 @@ CONTAINERS_CONF = CACHE / "containers.conf"
 EMPTY_DIRS = CACHE / "emptydir"  # the pods' emptyDir volumes (play_version), made anew for each pod
 SHM_DIRS = Path("/dev/shm") / "flask-triton-shim-k8s"  # those with medium: Memory, on the host's tmpfs
 SECRET_DIRS = CACHE / "secrets"  # the pods' secret volumes (play_version), removed with the pods
+SUBPATH_DIRS = CACHE / "subpath"  # the files that subPath mounts of ConfigMap keys show (play_version)
+SUBPATH_VOLUME = "play-subpath-"  # the name of each volume play_version adds for one such mount starts so
 MODEL_REPOSITORY = CACHE / "model-repository"  # what the PersistentVolumeClaim holds (play_version)
 NETWORK = "flask-triton-shim-k8s"  # this run's podman network: never one a user made
 PODMAN_PACKAGES = {"podman": "/usr/bin/podman", "catatonit": "/usr/libexec/podman/catatonit",
@@ -205,6 +207,7 @@ class Plan:
     host_ports: dict[str, dict[str, int]]   # Deployment -> containerPort (as text) -> 127.0.0.1 port
     images: dict[str, str]                  # the manifests' image -> the local CI image played instead
     changes: list[str] = field(default_factory=list)  # every play-only change, with its reason
+    user_secrets: dict[str, list[str]] = field(default_factory=dict)  # Secret the user creates -> its keys
 
     def save(self) -> None:
         PLAN_FILE.write_text(json.dumps(asdict(self), indent=1))
@@ -231,8 +234,14 @@ def compose_images(stack: Stack) -> tuple[dict[str, str], dict[str, list[str]], 
         images[repository] = merged[name]["image"]
         services[repository] = name
         if merged[name].get("command") != service.get("command"):
-            commands[repository] = list(merged[name]["command"])
+            commands[repository] = without_key_script(list(merged[name]["command"]))
     return images, commands, services
+
+
+def without_key_script(command: list[str]) -> list[str]:
+    """A compose command less docker-compose.yml's script in front of it (`sh -c SCRIPT NAME server ...`, which
+    reads Triton's keys from the triton-keys volume): a pod takes its key from a Secret through its env."""
+    return command[4:] if command[:2] == ["sh", "-c"] and len(command) > 4 else command
 
 
 def repository_of(image: str) -> str:
@@ -289,7 +298,9 @@ def play_version(objects: list[dict[str, Any]], *, stack: Stack, network: str, s
                 c.pop("command", None)
                 c["args"] = commands[repository]
                 changes.append(f"{name}/{c['name']}: args -> tests/compose/ci.yml's command for {services[repository]} "
-                               f"({' '.join(commands[repository][:3])} ...), the CI image's server")
+                               f"({' '.join(commands[repository][:3])} ...), the CI image's server, less the "
+                               "script that reads compose's key files (app.embedded_triton restricts the same APIs "
+                               "with the key in TRITON_ADMIN_KEY, the env the manifest fills from its Secret)")
             for p in c.get("ports", []):
                 p["hostIP"] = "127.0.0.1"
                 p["hostPort"] = host_ports[name].setdefault(str(p["containerPort"]), free_port())
@@ -324,6 +335,10 @@ def play_version(objects: list[dict[str, Any]], *, stack: Stack, network: str, s
                 volume.update({"name": name, "hostPath": {"path": str(path), "type": "Directory"}})
                 changes.append(f"{deployment['metadata']['name']}: secret volume {name} -> a folder of the Secret's "
                                "decoded keys, as a kubelet mounts it (podman 4.3 writes them base64-encoded)")
+    for deployment in deployments:
+        for mount in subpath_mounts(deployment, of_kind(played, "ConfigMap")):
+            changes.append(f"{deployment['metadata']['name']}: {mount} (podman 4.3 ignores subPath and mounts "
+                           "the whole volume as a folder there)")
     for claim in of_kind(played, "PersistentVolumeClaim"):
         claim["metadata"].setdefault("annotations", {}).update({
             "volume.podman.io/type": "none", "volume.podman.io/mount-options": "bind",
@@ -332,9 +347,72 @@ def play_version(objects: list[dict[str, Any]], *, stack: Stack, network: str, s
                        f"{shown(MODEL_REPOSITORY)}: a copy of {shown(model_repository)} "
                        "(tools/standin_repo.py's numpy copy of triton_repo, as in make compose-test), made for each "
                        "run, since podman chowns a volume's folder to the user of the first container that mounts it")
+    wanted = user_secrets(played)
+    if wanted:
+        changes.append("Secrets the README has the user create (" + ", ".join(
+            f"{name}: {', '.join(keys)}" for name, keys in wanted.items()) + ") -> podman secrets of random keys, "
+            "made before the pods start as `kubectl create secret generic` makes them on a cluster (podman 4.3 "
+            "reads a secretKeyRef only from a podman secret holding JSON of base64 values; a Secret object it "
+            "plays is stored in another form)")
     plan = Plan(network=network, subnet=subnet, pod_ips=pod_ips, host_ports=host_ports, images=used_images,
-                changes=changes)
+                changes=changes, user_secrets=wanted)
     return played, plan, sorted(set(needed))
+
+
+def user_secrets(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The Secrets the pods' env takes keys from (secretKeyRef, not optional) that the manifests do not hold: the
+    user creates them (README "Scale out on Kubernetes"). Name -> the keys read."""
+    held = {o["metadata"]["name"] for o in of_kind(objects, "Secret")}
+    wanted: dict[str, set[str]] = {}
+    for deployment in of_kind(objects, "Deployment"):
+        spec = pod_spec(deployment)
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            for env in c.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref and not ref.get("optional") and ref["name"] not in held:
+                    wanted.setdefault(ref["name"], set()).add(ref["key"])
+    return {name: sorted(keys) for name, keys in sorted(wanted.items())}
+
+
+def create_user_secrets(wanted: dict[str, list[str]]) -> None:
+    """Each Secret the user would create, as a podman secret of random keys (in the JSON form that podman 4.3's
+    secretKeyRef reads: key -> base64 of the value), unless one of that name exists."""
+    existing = set(podman("secret", "ls", "--format", "{{.Name}}").stdout.split())
+    for name, keys in wanted.items():
+        if name not in existing:
+            data = {key: base64.b64encode(os.urandom(32).hex().encode()).decode() for key in keys}
+            made = subprocess.run(["podman", "secret", "create", name, "-"], input=json.dumps(data), text=True,
+                                  capture_output=True, timeout=60, env=podman_env(), check=False)
+            if made.returncode != 0:
+                raise StageError(f"`podman secret create {name}` failed: {made.stderr.strip()[-2000:]}")
+
+
+def subpath_mounts(deployment: dict[str, Any], configmaps: list[dict[str, Any]]) -> list[str]:
+    """Each mount of one key of a ConfigMap volume (subPath) -> a volume of its own: a file of that key, written
+    with the volume's defaultMode as a kubelet writes it, bound at the mount path. What changed, as text."""
+    spec, done = pod_spec(deployment), []
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    maps = {c["metadata"]["name"]: c for c in configmaps}
+    for c in spec["containers"]:
+        for mount in c.get("volumeMounts", []):
+            source = volumes.get(mount["name"], {}).get("configMap")
+            if source is None or "subPath" not in mount:
+                continue
+            key = mount.pop("subPath")
+            data = maps.get(source["name"], {}).get("data", {})
+            if key not in data:
+                raise StageError(f"{deployment['metadata']['name']}/{c['name']} mounts key {key} of ConfigMap "
+                                 f"{source['name']}, which has no such key")
+            name = f"{SUBPATH_VOLUME}{len(done)}"
+            path = SUBPATH_DIRS / f"{deployment['metadata']['name']}-{mount['name']}" / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(data[key])
+            path.chmod(source.get("defaultMode", 0o644))
+            spec["volumes"].append({"name": name, "hostPath": {"path": str(path), "type": "File"}})
+            done.append(f"subPath {key} of volume {mount['name']} at {mount['mountPath']} -> volume {name}, the "
+                        f"file {shown(path)} of mode {source.get('defaultMode', 0o644):o}")
+            mount["name"] = name
+    return done
 
 
 def write_secret_volume(secrets: dict[str, dict[str, Any]], source: dict[str, Any], path: Path) -> None:
@@ -427,7 +505,7 @@ def fresh_empty_dirs(deployments: list[dict[str, Any]]) -> None:
 
 
 def remove_empty_dirs(*, secrets: bool = True) -> None:
-    for folder in (EMPTY_DIRS, SHM_DIRS, *([SECRET_DIRS] if secrets else [])):
+    for folder in (EMPTY_DIRS, SHM_DIRS, *([SECRET_DIRS, SUBPATH_DIRS] if secrets else [])):
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -436,15 +514,31 @@ def play(path: Path, plan: Plan, deployments: list[str] | None = None, *, replac
     objects = [d for d in yaml.safe_load_all(path.read_text()) if d]
     order = [d["metadata"]["name"] for d in of_kind(objects, "Deployment")]
     if replace:
-        podman("pod", "rm", "--force", "--time", "0", *(pod_name(name) for name in order), check=False, timeout=120)
+        remove_pods([pod_name(name) for name in order])
     fresh_empty_dirs(of_kind(objects, "Deployment"))
     if of_kind(objects, "PersistentVolumeClaim"):
         shutil.rmtree(MODEL_REPOSITORY, ignore_errors=True)
         shutil.copytree(compose_test.STANDIN_REPO, MODEL_REPOSITORY, symlinks=True)
+    create_user_secrets(plan.user_secrets)
     ips = [a for name in order for a in ("--ip", plan.pod_ips[name])]
     podman("kube", "play", "--network", plan.network, *ips, str(path), timeout=300, log=LOGS / "play.log")
     if deployments is not None and sorted(order) != sorted(deployments):
         raise AssertionError(f"{path} plays {order}, not {deployments}")
+
+
+def remove_pods(names: list[str], deadline_s: float = 120) -> None:
+    """The pods removed, and gone: `pod rm --force` can fail while a container of the pod is still restarting
+    (a broken variant's), so it is asked again until none of them exists."""
+    give_up = time.monotonic() + deadline_s
+    while True:
+        removed = podman("pod", "rm", "--force", "--time", "0", *names, check=False, timeout=120)
+        left = [n for n in names if podman("pod", "exists", n, check=False).returncode == 0]
+        if not left:
+            return
+        if time.monotonic() > give_up:
+            raise StageError(f"podman cannot remove pods {left}: {removed.stdout.strip()[-2000:]}")
+        names = left
+        time.sleep(1)
 
 
 def leftovers(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -454,7 +548,7 @@ def leftovers(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
     containers = [c for c in podman("ps", "--all", "--format", "{{.Names}}", check=False).stdout.split()
                   if any(c.startswith(f"{p}-") for p in pods) or c in pods]
     volumes = set(podman("volume", "ls", "--format", "{{.Name}}", check=False).stdout.split())
-    secrets = {s["metadata"]["name"] for s in of_kind(objects, "Secret")}
+    secrets = {s["metadata"]["name"] for s in of_kind(objects, "Secret")} | set(user_secrets(objects))
     existing_secrets = set(podman("secret", "ls", "--format", "{{.Name}}", check=False).stdout.split())
     networks = set(podman("network", "ls", "--format", "{{.Name}}", check=False).stdout.split())
     return {"pods": sorted(pods & existing_pods), "containers": sorted(containers),
@@ -463,11 +557,12 @@ def leftovers(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def remove_all(objects: list[dict[str, Any]], *, secret_files: bool = True) -> dict[str, list[str]]:
-    """Remove what leftovers() finds, and the pods' folders (the secret volumes' too, unless told not to: the
-    render stage writes them, tests/k8s removes the pods before it plays them); returns what it found."""
+    """Remove what leftovers() finds, and the pods' folders (the secret volumes' and subPath files too, unless
+    told not to: the render stage writes them, tests/k8s removes the pods before it plays them); returns what it
+    found."""
     found = leftovers(objects)
     if found["pods"]:
-        podman("pod", "rm", "--force", "--time", "0", *found["pods"], check=False, timeout=120)
+        remove_pods(found["pods"])
     for kind, cmd in (("volumes", ("volume", "rm", "--force")), ("secrets", ("secret", "rm")),
                       ("networks", ("network", "rm", "--force"))):
         if found[kind]:

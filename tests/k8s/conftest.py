@@ -56,7 +56,8 @@ def readiness_deadline_s(pods: Pods) -> float:
 
 def names_read(pods: Pods, target: Target) -> set[str] | None:
     """The env names a container's program reads, asked of the program in the container where it can say:
-    the shim's Settings (SHIM_*), and the proxy's template with its entrypoint's NGINX_ENVSUBST_* (PROXY_*).
+    the shim's Settings (SHIM_*), and the proxy's template and the scripts its entrypoint sources, with the
+    entrypoint's NGINX_ENVSUBST_* (PROXY_*).
     Names outside the program's prefix are not judged; None: nothing to ask."""
     env = expected_env(target.container)
     if any(name.startswith("SHIM_") for name in env):
@@ -66,7 +67,9 @@ def names_read(pods: Pods, target: Target) -> set[str] | None:
         return known | {name for name in env if not name.startswith("SHIM_")}
     if any(name.startswith("PROXY_") for name in env):
         folder = '"${NGINX_ENVSUBST_TEMPLATE_DIR:-/etc/nginx/templates}"'
-        templates = pods.exec(target, "sh", "-c", f"cat {folder}/*.template")
+        # the templates, and the scripts the entrypoint sources before it renders them (trusted-proxies.envsh)
+        templates = pods.exec(target, "sh", "-c", f"cat {folder}/*.template && for f in /docker-entrypoint.d/*.envsh; "
+                                                "do [ ! -f \"$f\" ] || cat \"$f\"; done")
         used = set(re.findall(r"\$\{?(PROXY_[A-Z0-9_]+)", templates.stdout))
         entrypoint = {"NGINX_ENVSUBST_TEMPLATE_DIR", "NGINX_ENVSUBST_OUTPUT_DIR", "NGINX_ENVSUBST_FILTER",
                       "NGINX_ENVSUBST_TEMPLATE_SUFFIX"}  # the official image's 20-envsubst-on-templates.sh

@@ -73,6 +73,24 @@ def test_the_shim_reaches_triton_by_its_service_name_from_its_pod(pods: Pods, re
     assert ready_answer["ready"] is True and address in json.dumps(ready_answer), ready_answer
 
 
+def test_tritons_admin_apis_want_the_key_of_the_secret_the_user_creates(pods: Pods, ready: dict[str, str]) -> None:
+    """The Triton pod's env takes the key from the Secret (made by the run as README's kubectl command makes it):
+    without it the model-repository API answers 403, with it 200. Read-only calls: nothing is unloaded."""
+    (name,) = [d["metadata"]["name"] for d in pods.deployments() if d["metadata"]["name"] != ENTRY]
+    (target,) = [t for t in pods.targets(name) if any(
+        e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") in pods.plan.user_secrets
+        for e in t.container.get("env", []))]
+    (env,) = [e for e in target.container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    key = pods.exec(target, "printenv", env["name"]).stdout.strip()
+    assert len(key) == 64, "the pod's env has no key from the Secret"
+    (port,) = [p["containerPort"] for p in target.container["ports"] if p.get("name") == "http"]
+    index = pods.url(name, port, "/v2/repository/index")
+    refused = requests.post(index, timeout=10)
+    assert refused.status_code == 403 and "restricted" in refused.text, refused.text
+    allowed = requests.post(index, headers={"triton-admin-key": key}, timeout=10)
+    assert allowed.status_code == 200 and any(m["name"] == "resnet50" for m in allowed.json()), allowed.text
+
+
 def test_predict_answers_through_the_pods_nginx_as_the_service_routes_it(pods: Pods, ready: dict[str, str]) -> None:
     data = encode(photo(64, 48))
     answer = requests.post(client_url(pods, "/predict"), files={"image": ("k8s.jpg", data)}, timeout=30)

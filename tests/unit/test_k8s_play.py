@@ -6,6 +6,7 @@ renders only where the README's "Kubernetes in CI" says, and each broken variant
 
 from __future__ import annotations
 
+import copy
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ ALLOWED = [
     ("Deployment", ("spec", "template", "spec", "volumes", "*", "emptyDir")),
     ("Deployment", ("spec", "template", "spec", "volumes", "*", "secret")),
     ("Deployment", ("spec", "template", "spec", "volumes", "*", "hostPath")),
+    # a subPath mount of a ConfigMap key -> its own volume (k8s_test.SUBPATH_VOLUME), a file of that key
+    ("Deployment", ("spec", "template", "spec", "containers", "*", "volumeMounts", "*", "name")),
+    ("Deployment", ("spec", "template", "spec", "containers", "*", "volumeMounts", "*", "subPath")),
     ("PersistentVolumeClaim", ("metadata", "annotations")),
 ]
 
@@ -59,6 +63,7 @@ def test_what_is_played_differs_from_the_rendered_manifests_only_where_the_readm
         rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     objects = rendered
     monkeypatch.setattr(k8s_test, "SECRET_DIRS", tmp_path / "secrets")  # where secret volumes' files go
+    monkeypatch.setattr(k8s_test, "SUBPATH_DIRS", tmp_path / "subpath")  # and subPath mounts' files
     try:
         stack_config = compose_test.Stack().config()
     except (compose_test.StageError, FileNotFoundError, subprocess.TimeoutExpired) as e:
@@ -68,6 +73,7 @@ def test_what_is_played_differs_from_the_rendered_manifests_only_where_the_readm
                                                  subnet="10.99.0.0/24", model_repository=tmp_path)
     assert [(o["kind"], o["metadata"]["name"]) for o in played] == [(o["kind"], o["metadata"]["name"]) for o in objects]
     for before, after in zip(objects, played, strict=True):
+        after = without_subpath_volumes(after)
         wrong = [p for p in differences(before, after) if not allowed(before["kind"], p)]
         assert not wrong, f"{before['kind']} {before['metadata']['name']} changed at {wrong}"
     deployments = k8s_test.of_kind(played, "Deployment")
@@ -77,6 +83,62 @@ def test_what_is_played_differs_from_the_rendered_manifests_only_where_the_readm
     assert all(p["hostIP"] == "127.0.0.1" for c in containers for p in c.get("ports", []))
     assert set(needed) <= set(stack_config["services"])
     assert len(plan.changes) >= 5 and all(len(change) > 40 for change in plan.changes)  # each says why
+    # The Secret that the README has the user create, made by the run: Triton's pod cannot start without it.
+    assert plan.user_secrets == {"triton-admin": ["key"]}
+    assert any("triton-admin: key" in change for change in plan.changes)
+
+
+def test_only_secrets_the_user_creates_and_no_optional_ones_are_made_for_the_run() -> None:
+    def deployment(*env: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": "Deployment", "metadata": {"name": "d"},
+                "spec": {"template": {"spec": {"containers": [{"name": "c", "env": list(env)}]}}}}
+
+    def ref(name: str, key: str, **extra: Any) -> dict[str, Any]:
+        return {"name": f"E_{key}", "valueFrom": {"secretKeyRef": {"name": name, "key": key, **extra}}}
+
+    held = {"kind": "Secret", "metadata": {"name": "shipped"}, "data": {}}
+    objects = [held, deployment(ref("mine", "b"), ref("mine", "a"), ref("shipped", "x"),
+                                ref("off", "y", optional=True), {"name": "PLAIN", "value": "1"})]
+    assert k8s_test.user_secrets(objects) == {"mine": ["a", "b"]}
+
+
+def without_subpath_volumes(played: dict[str, Any]) -> dict[str, Any]:
+    """A played Deployment less the volumes that k8s_test adds for subPath mounts (checked on their own)."""
+    if played["kind"] != "Deployment":
+        return played
+    copy = {**played, "spec": {**played["spec"], "template": {**played["spec"]["template"]}}}
+    spec = copy["spec"]["template"]["spec"] = dict(played["spec"]["template"]["spec"])
+    spec["volumes"] = [v for v in spec["volumes"] if not v["name"].startswith(k8s_test.SUBPATH_VOLUME)]
+    return copy
+
+
+def test_a_subpath_mount_of_a_configmap_key_becomes_that_file_with_the_volumes_mode(
+        rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """podman 4.3 ignores subPath (the proxy's trusted-proxies.envsh would be a folder, which nginx's entrypoint
+    skips): the played pod binds the ConfigMap's key, as a file, where the manifest mounts it."""
+    monkeypatch.setattr(k8s_test, "SUBPATH_DIRS", tmp_path)
+    deployments = [copy.deepcopy(d) for d in k8s_test.of_kind(rendered, "Deployment")]
+    configmaps = k8s_test.of_kind(rendered, "ConfigMap")
+    mounts = {(d["metadata"]["name"], c["name"], m["mountPath"]): m["subPath"] for d in deployments
+              for c in k8s_test.pod_spec(d)["containers"] for m in c.get("volumeMounts", []) if "subPath" in m}
+    assert mounts, "deploy/k8s mounts no ConfigMap key by subPath: this test has nothing to check"
+    for d in deployments:
+        volumes = {v["name"]: v for v in k8s_test.pod_spec(d).get("volumes", [])}
+        k8s_test.subpath_mounts(d, configmaps)
+        spec = k8s_test.pod_spec(d)
+        for c in spec["containers"]:
+            for m in c.get("volumeMounts", []):
+                key = mounts.get((d["metadata"]["name"], c["name"], m["mountPath"]))
+                if key is None:
+                    continue
+                assert "subPath" not in m
+                (volume,) = [v for v in spec["volumes"] if v["name"] == m["name"]]
+                path = Path(volume["hostPath"]["path"])
+                assert volume["hostPath"]["type"] == "File" and path.name == key
+                (source,) = [v["configMap"] for v in volumes.values() if "configMap" in v
+                             and key in k8s_test.named(configmaps, "ConfigMap", v["configMap"]["name"])["data"]]
+                assert path.read_text() == k8s_test.named(configmaps, "ConfigMap", source["name"])["data"][key]
+                assert path.stat().st_mode & 0o777 == source.get("defaultMode", 0o644)
 
 
 @pytest.mark.parametrize("mutation", k8s_test.MUTATIONS)
