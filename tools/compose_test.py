@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -537,8 +537,8 @@ def main() -> int:
     shm_before = shm_entries()
     for old in LOGS.glob("*.log"):
         old.unlink()
-    result = 1
-    try:
+
+    def body() -> None:
         with stages.stage("ports") as d:
             d.append(check_ports())
         build_images(stages, engine, stack)
@@ -546,6 +546,16 @@ def main() -> int:
             skipped = ", ".join(f"{name} ({why})" for name, why in NOT_IN_CI.items())
             d.append(f"services {', '.join(stack.services())}; not run here: {skipped}")
             run_suite("tests/compose", "COMPOSE_STACK", LOGS / "stack.log")
+
+    return run_stages(stages, body, lambda: cleanup(stages, engine, stack, shm_before))
+
+
+def run_stages(stages: Stages, body: Callable[[], None], cleanup: Callable[[], int]) -> int:
+    """The exit code of a run: 0 when `body` ends, 1 when a stage failed (it said why) or this tool broke (its
+    traceback), 130 on ^C, 128+N on signal N; `cleanup` runs in every case and a failed cleanup fails the run."""
+    result = 1
+    try:
+        body()
         result = 0
     except StageError:
         pass
@@ -556,8 +566,8 @@ def main() -> int:
     except Exception:  # a bug here, not in the stack: its traceback, and the cleanup all the same
         traceback.print_exc()
     finally:
-        result = cleanup(stages, engine, stack, shm_before) or result
-    print(f"compose-test: {'PASSED' if result == 0 else 'FAILED'} in {time.monotonic() - stages.started:.0f} s",
+        result = cleanup() or result
+    print(f"{stages.prefix}: {'PASSED' if result == 0 else 'FAILED'} in {time.monotonic() - stages.started:.0f} s",
           flush=True)
     return result
 

@@ -43,7 +43,6 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -612,8 +611,9 @@ def main(argv: list[str] | None = None) -> int:
     for old in LOGS.glob("*.log"):
         old.unlink()
     objects: list[dict[str, Any]] = []
-    result = 1
-    try:
+
+    def body() -> None:
+        nonlocal objects
         with stages.stage("tools") as d:
             d.append(ensure_podman())
             d.append(" ".join(Path(c).name if i == 0 else c for i, c in enumerate(kustomize_command())))
@@ -640,20 +640,8 @@ def main(argv: list[str] | None = None) -> int:
             # The probes' own deadlines bound each test (Triton's start: 300 s).
             compose_test.run_suite("tests/k8s", "K8S_PODS", LOGS / "pods.log", "-rP", "-o", "timeout=900")
             d.append(f"{len(of_kind(objects, 'Deployment'))} pods checked")
-        result = 0
-    except StageError:
-        pass
-    except KeyboardInterrupt:
-        result = 130
-    except SystemExit as e:
-        result = int(e.code or 1)
-    except Exception:
-        traceback.print_exc()
-    finally:
-        result = cleanup(stages, engine, objects, shm_before) or result
-    print(f"k8s-test: {'PASSED' if result == 0 else 'FAILED'} in {time.monotonic() - stages.started:.0f} s",
-          flush=True)
-    return result
+
+    return compose_test.run_stages(stages, body, lambda: cleanup(stages, engine, objects, shm_before))
 
 
 def cleanup(stages: Stages, engine: Engine, objects: list[dict[str, Any]], shm_before: set[str]) -> int:
