@@ -3,7 +3,8 @@
 Triton's `<model>_decode` step takes a JPEG whose pixels are RGB (YCbCr) or grayscale, baseline or progressive,
 any chroma subsampling: the kinds that nvJPEG and libjpeg-turbo decode to what Pillow's convert("RGB") gives.
 Anything else goes through today's CPU path in the shim, which also gives the contract's 400 / 413 answers,
-exactly as before, for every upload it refuses. The reasons (the metric shim_encoded_cpu_path_total{reason}):
+exactly as before, for every upload it refuses. The reasons (the metric shim_encoded_cpu_path_total{reason},
+whose labels app.metrics.ENCODED_REASONS lists):
 
     format       not a JPEG (PNG, WebP, GIF, BMP, TIFF, an MPO camera file ...): Pillow decodes it here
     jpeg_mode    a JPEG whose pixels are not RGB or grayscale (CMYK or YCCK: Pillow's own CMYK -> RGB rule)
@@ -26,7 +27,6 @@ from app.preprocess import ImageSpec, resized_size
 
 FORMATS = frozenset({"JPEG"})
 MODES = frozenset({"RGB", "L"})
-REASONS = ("format", "jpeg_mode", "limits", "unreadable", "decoder_refused")
 
 
 def cpu_reason(data: bytes, spec: ImageSpec) -> str | None:

@@ -95,20 +95,28 @@ def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Se
     the preprocessing `parameters` its config serves (generated from the model's description) against the
     shim's own description, where it serves them."""
     want_in = f"{datatype} [-1, {', '.join(map(str, image_shape))}]"
-    if len(meta.get("inputs", [])) != 1 or len(meta.get("outputs", [])) != 1:
-        raise ModelMismatch(f"{where} has {len(meta.get('inputs', []))} inputs and {len(meta.get('outputs', []))} "
-                            f"outputs; the shim needs one image input ({want_in}) and one logits output", backend=NAME)
-    (inp,), (out,) = meta["inputs"], meta["outputs"]
-    in_shape, out_shape = list(inp["shape"]), list(out["shape"])
+    inp, out = _image_in_logits_out(meta, classes=classes, where=where, want_in=want_in, sender="the shim")
+    in_shape = list(inp["shape"])
     if inp["datatype"] != datatype or len(in_shape) != 4 or in_shape[1:] != list(image_shape):
         raise ModelMismatch(f"{where} input '{inp['name']}' is {inp['datatype']} {in_shape}; the shim sends {want_in}",
                             backend=NAME)
-    if out["datatype"] != "FP32" or len(out_shape) != 2 or out_shape[1] != classes:
-        raise ModelMismatch(f"{where} output '{out['name']}' is {out['datatype']} {out_shape}; the shim expects "
-                            f"FP32 [-1, {classes}] (one score per label in its labels file)", backend=NAME)
     _check_parameters(config, parameters or {}, where=where)
     max_batch = int(config.get("max_batch_size", 0)) or (in_shape[0] if in_shape[0] > 0 else 1)
     return ModelSpec(inp["name"], out["name"], max_batch, tuple(meta.get("versions", [])))
+
+
+def _image_in_logits_out(meta: dict[str, Any], *, classes: int, where: str, want_in: str,
+                         sender: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's one input and its one output, that output checked: FP32 [-1, classes], a score per label."""
+    if len(meta.get("inputs", [])) != 1 or len(meta.get("outputs", [])) != 1:
+        raise ModelMismatch(f"{where} has {len(meta.get('inputs', []))} inputs and {len(meta.get('outputs', []))} "
+                            f"outputs; {sender} needs one image input ({want_in}) and one logits output", backend=NAME)
+    (inp,), (out,) = meta["inputs"], meta["outputs"]
+    out_shape = list(out["shape"])
+    if out["datatype"] != "FP32" or len(out_shape) != 2 or out_shape[1] != classes:
+        raise ModelMismatch(f"{where} output '{out['name']}' is {out['datatype']} {out_shape}; the shim expects "
+                            f"FP32 [-1, {classes}] (one score per label in its labels file)", backend=NAME)
+    return inp, out
 
 
 def _check_parameters(config: dict[str, Any], wanted: Mapping[str, str], *, where: str, every: bool = False) -> None:
@@ -137,18 +145,10 @@ def check_encoded_model(meta: dict[str, Any], config: dict[str, Any], *, classes
     """The encoded transport's ensemble: one UINT8 [-1, -1] input (a batch of byte strings; the shim sends one
     of n bytes) and one FP32 [-1, classes] output."""
     want = "UINT8 [-1, -1] (one upload's bytes per request)"
-    if len(meta.get("inputs", [])) != 1 or len(meta.get("outputs", [])) != 1:
-        raise ModelMismatch(f"{where} has {len(meta.get('inputs', []))} inputs and {len(meta.get('outputs', []))} "
-                            f"outputs; the encoded transport needs one input ({want}) and one logits output",
-                            backend=NAME)
-    (inp,), (out,) = meta["inputs"], meta["outputs"]
+    inp, out = _image_in_logits_out(meta, classes=classes, where=where, want_in=want, sender="the encoded transport")
     if inp["datatype"] != "UINT8" or list(inp["shape"]) != [-1, -1]:
         raise ModelMismatch(f"{where} input '{inp['name']}' is {inp['datatype']} {list(inp['shape'])}; the encoded "
                             f"transport sends {want}", backend=NAME)
-    out_shape = list(out["shape"])
-    if out["datatype"] != "FP32" or len(out_shape) != 2 or out_shape[1] != classes:
-        raise ModelMismatch(f"{where} output '{out['name']}' is {out['datatype']} {out_shape}; the shim expects "
-                            f"FP32 [-1, {classes}] (one score per label in its labels file)", backend=NAME)
     return ModelSpec(inp["name"], out["name"], int(config.get("max_batch_size", 0)) or 1,
                      tuple(meta.get("versions", [])))
 
@@ -601,9 +601,7 @@ class TritonBackend:
             meta = self._call(clients, lambda c: c.get_model_metadata(route.model, route.version))
             config = self._call(clients, lambda c: c.get_model_config(route.model, route.version))
             try:
-                problem = pin_problem(config, ensemble=route.model, classifier=self.model, pin=self.version)
-                if problem:  # the ensemble would run another version of the classifier than the one pinned
-                    raise ModelMismatch(f"{self._where(route)}: {problem}", backend=NAME)
+                self._check_pin(config, route)
                 encoded_spec = check_encoded_model(meta, config, classes=self._classes, where=self._where(route))
                 step = decode_step_of(config, model=self.model, where=self._where(route))
                 if self._decode_parameters is not None:  # its preprocessing, as issue 20's check of the model's
@@ -619,10 +617,8 @@ class TritonBackend:
         meta = self._call(clients, lambda c: c.get_model_metadata(route.model, route.version))
         config = self._call(clients, lambda c: c.get_model_config(route.model, route.version))
         try:
-            problem = None if route.model == self.model else pin_problem(
-                config, ensemble=route.model, classifier=self.model, pin=self.version)
-            if problem:  # the ensemble would run another version of the classifier than the one pinned
-                raise ModelMismatch(f"{self._where(route)}: {problem}", backend=NAME)
+            if route.model != self.model:
+                self._check_pin(config, route)
             spec = check_model(meta, config, image_shape=route.image_shape(self._crop), classes=self._classes,
                                where=self._where(route), datatype=TRITON_DTYPE[route.kind],
                                parameters=self._parameters)
@@ -632,6 +628,12 @@ class TritonBackend:
             raise
         self._spec, self._spec_checked, self._mismatch_logged = spec, time.monotonic(), False
         return spec
+
+    def _check_pin(self, config: dict[str, Any], route: Route) -> None:
+        """An ensemble the route sends to must run the classifier version that SHIM_MODEL_VERSION pins."""
+        problem = pin_problem(config, ensemble=route.model, classifier=self.model, pin=self.version)
+        if problem:
+            raise ModelMismatch(f"{self._where(route)}: {problem}", backend=NAME)
 
     def _log_mismatch(self, error: ModelMismatch) -> None:
         if not self._mismatch_logged:
