@@ -217,21 +217,21 @@ class TrafficFlag:
 
     def _latest(self) -> TrafficState:
         """The state the file holds now (not this worker's copy, which may be a poll interval old)."""
-        assert self.path is not None
         try:
-            data = json.loads(self.path.read_text())
+            return self._read_file()
         except FileNotFoundError:
             return self._default
-        except (OSError, ValueError) as e:
-            log.warning("flag file %s cannot be read (%s): the change applies to the last good state", self.path, e)
+        except (OSError, ValueError, InvalidTraffic) as e:
+            log.warning("flag file %s cannot be used (%s): the change applies to the last good state", self.path, e)
             return self._state
-        try:
-            if not isinstance(data, dict):
-                raise InvalidTraffic("the flag file must hold a JSON object")
-            return self._default.from_file(data)
-        except InvalidTraffic as e:
-            log.warning("flag file %s is not valid (%s): the change applies to the last good state", self.path, e)
-            return self._state
+
+    def _read_file(self) -> TrafficState:
+        """The flag file's state, validated (raises what reading, parsing or validating it raises)."""
+        assert self.path is not None
+        data = json.loads(self.path.read_text())
+        if not isinstance(data, dict):
+            raise InvalidTraffic("the flag file must hold a JSON object")
+        return self._default.from_file(data)
 
     def _check_backends(self, state: TrafficState) -> None:
         """A mode that needs the legacy backend is refused where it cannot run (the image without torch)."""
@@ -268,10 +268,7 @@ class TrafficFlag:
             return
         self._seen = key
         try:
-            data = json.loads(self.path.read_text()) if self.path else {}
-            if not isinstance(data, dict):
-                raise InvalidTraffic("the flag file must hold a JSON object")
-            state = self._default.from_file(data)
+            state = self._read_file()
             self._check_backends(state)
         except (OSError, ValueError, InvalidTraffic, LegacyUnavailable) as e:
             self._error = f"flag file {self.path} ignored, last good state kept: {e}"
