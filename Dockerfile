@@ -10,7 +10,7 @@
 # WITH_LEGACY=0 (default) installs what SHIM_MODE=triton needs and nothing else: once the migration is
 # done the shim only forwards to Triton, and torch would be ~1 GB of dead weight, even as a CPU build.
 # WITH_LEGACY=1 adds the `legacy` extra (torch + torchvision as pinned in pyproject.toml, CPU builds) for
-# SHIM_MODE=legacy|shadow|canary, SHIM_FALLBACK and tools/export_model.py. docker-compose.yml builds
+# SHIM_MODE=legacy|shadow|canary, SHIM_FALLBACK and `shim-export`. docker-compose.yml builds
 # that one by default, so that the traffic flag can be switched there without a rebuild.
 #
 # The image expects the Triton model repository (the model's description model.toml, labels.txt, and model.pt
@@ -30,6 +30,8 @@ COPY pyproject.toml README.md ./
 # The locks (`make lock`): every package at the version CI tested, each file checked against its hash.
 COPY requirements/shim.txt requirements/shim-legacy.txt requirements/torch-cpu.txt ./requirements/
 COPY app ./app
+COPY modelrepo ./modelrepo
+COPY report ./report
 # COPY needs a source that exists: without a wheelhouse this copies its README, which pip ignores. Only
 # this build stage sees the wheels; the runtime stage below takes the virtualenv alone.
 COPY ${WHEELHOUSE:-wheelhouse/README.md} /wheelhouse/
@@ -69,12 +71,9 @@ RUN groupadd --system --gid 10001 shim \
  && chown shim:shim /var/run/shim
 COPY --from=build /opt/shim /opt/shim
 WORKDIR /srv/shim
-COPY gunicorn.conf.py ./
-# The export tool imports torch only when run: useful in a WITH_LEGACY=1 image (the compose model-export service).
-COPY tools/export_model.py ./tools/
 USER 10001:10001
 EXPOSE 5000
 # No curl in the slim image: the standard library does the check (any error or non-2xx status exits 1).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('SHIM_PORT', '5000'), timeout=3)"]
-ENTRYPOINT ["gunicorn", "-c", "gunicorn.conf.py"]
+ENTRYPOINT ["shim-serve"]

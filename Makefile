@@ -5,10 +5,10 @@
 # found (PATH, then pyenv). make test-prod's: the newest the shim supports (3.13, 3.12, 3.11), to prove it on
 # another Python than the dev one. Set either to choose: `make test PYTHON=python3.12`.
 ifeq ($(origin PYTHON), undefined)
-PYTHON := $(shell python3 tools/lock.py --find-python dev 2>/dev/null || echo python3)
+PYTHON := $(shell python3 requirements/lock.py --find-python dev 2>/dev/null || echo python3)
 endif
 ifeq ($(origin PROD_PYTHON), undefined)
-PROD_PYTHON := $(shell python3 tools/lock.py --find-python prod 2>/dev/null || echo python3)
+PROD_PYTHON := $(shell python3 requirements/lock.py --find-python prod 2>/dev/null || echo python3)
 endif
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -31,8 +31,8 @@ help:
 	@echo "make hostile-test - slow clients, floods, oversize and broken bodies, a hung Triton, through nginx (about 5 min)"
 	@echo "make triton  - only the local Triton on :8000/:8001/:8002"
 	@echo "make export  - write $(MODEL) (ARCH=resnet50|resnet18, SHIM_MODEL_WEIGHTS=file.pth) from triton_repo/resnet50/model.toml"
-	@echo "               your own model: python tools/export_model.py --model NAME (README: Your own model)"
-	@echo "               and python tools/check_preprocess.py your_app:transform IMAGES --model NAME"
+	@echo "               your own model: shim-export --model NAME (README: Your own model)"
+	@echo "               and shim-check your_app:transform IMAGES --model NAME"
 	@echo "make lint    - ruff and mypy"
 	@echo "make test-prod - the production packages alone (requirements/shim.txt: numpy 2, no torch) on $(PROD_PYTHON): the unit tests that need nothing else, and /predict through the dev Triton"
 	@echo "make lock    - rewrite requirements/*.txt (every install, with hashes) from pyproject.toml; commit them (UPGRADE=1: newest releases)"
@@ -44,10 +44,10 @@ help:
 	@echo "make bench-memory - a shim worker's peak memory under the worst input its limits accept (about 3 min)"
 
 # Installs only what requirements/dev.txt locks, every file hash-checked (torch 2.14.1 comes from local disk
-# where pip's configuration points at it). tools/lock.py --check stops first, saying what to do, when this
+# where pip's configuration points at it). requirements/lock.py --check stops first, saying what to do, when this
 # Python cannot run the environment or pyproject.toml changed since `make lock`.
 $(VENV)/.installed: pyproject.toml requirements/dev.txt requirements/inputs.json
-	@$(PYTHON) tools/lock.py --check dev
+	@$(PYTHON) requirements/lock.py --check dev
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.txt
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -57,13 +57,13 @@ install: $(VENV)/.installed
 
 # Re-run when the arch changes: the tool keeps a model.pt that already holds what was asked for.
 export: install
-	$(PY) tools/export_model.py --arch $(ARCH)
+	$(PY) -m modelrepo.export --arch $(ARCH)
 
 triton: export
-	$(PY) -m app.embedded_triton --model-repository triton_repo
+	$(PY) -m devstack --model-repository triton_repo
 
 run: export
-	$(PY) tools/run_local.py
+	$(PY) -m devstack.run
 
 # Bytecode caching on even where the environment turns it off (PYTHONDONTWRITEBYTECODE): the suite starts
 # dozens of Python processes, and pytest would otherwise rewrite the asserts of ~400 plugin modules at every
@@ -73,18 +73,18 @@ test: export lint promtool nginx
 
 # `docker compose up` for real: installs a docker engine, Compose v2 and debootstrap when missing, starts
 # dockerd when none runs (and stops it after), builds the images from local bases and a wheelhouse, runs
-# docker-compose.yml with tests/compose/ci.yml and checks it from the host (tools/compose_test.py).
+# docker-compose.yml with tests/compose/ci.yml and checks it from the host (tests/compose/driver.py).
 .PHONY: compose-test
 compose-test: install
-	$(PY) tools/compose_test.py
+	$(PY) -m tests.compose.driver
 
 # deploy/k8s for real, as far as one host can: renders it with kustomize (kubectl's), builds the compose test's
 # images, plays the Deployments as pods with podman 4.3 (installed when missing) and checks them as a kubelet
-# would (tools/k8s_test.py, tests/k8s/). K8S_ARGS=--mutate=probe-path|command|env-name plays a broken manifest.
+# would (tests/k8s/driver.py, tests/k8s/). K8S_ARGS=--mutate=probe-path|command|env-name plays a broken manifest.
 .PHONY: k8s-test
 K8S_ARGS ?=
 k8s-test: install
-	$(PY) tools/k8s_test.py $(K8S_ARGS)
+	$(PY) -m tests.k8s.driver $(K8S_ARGS)
 
 # promtool (Prometheus' checker for deploy/prometheus/) is not on PyPI: it is taken out of Debian's
 # `prometheus` package, unpacked here without installing the server. Where apt is missing, the tests
@@ -130,7 +130,7 @@ bench-frontend: install
 # The production shim's packages (requirements/shim.txt: numpy 2, no torch, no Triton) and pytest, on another
 # Python: the tests marked `prod` (pyproject.toml), among them /predict through the dev environment's Triton.
 $(PROD_VENV)/.installed: pyproject.toml requirements/prod-test.txt requirements/inputs.json
-	@$(PROD_PYTHON) tools/lock.py --check prod
+	@$(PROD_PYTHON) requirements/lock.py --check prod
 	test -x $(PROD_PY) || $(PROD_PYTHON) -m venv $(PROD_VENV)
 	$(PROD_PY) -m pip install --quiet --require-hashes -r requirements/prod-test.txt
 	$(PROD_PY) -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -139,11 +139,11 @@ $(PROD_VENV)/.installed: pyproject.toml requirements/prod-test.txt requirements/
 test-prod: $(PROD_VENV)/.installed install
 	env -u PYTHONDONTWRITEBYTECODE TESTS_ENV=production $(PROD_PY) -m pytest -m prod $(PYTEST_ARGS)
 
-# Every lock file of requirements/ from pyproject.toml (tools/lock.py says how they chain), with uv from
+# Every lock file of requirements/ from pyproject.toml (requirements/lock.py says how they chain), with uv from
 # its own locked virtualenv. Needs PyPI; it never reads pip's configuration or a local index. It keeps the
 # pins that still fit; `make lock UPGRADE=1` takes the newest releases the bounds allow.
 lock: $(UV)
-	$(PYTHON) tools/lock.py --uv $(UV) $(if $(UPGRADE),--upgrade)
+	$(PYTHON) requirements/lock.py --uv $(UV) $(if $(UPGRADE),--upgrade)
 
 $(UV): requirements/uv.txt
 	rm -rf .cache/tools/uv
@@ -154,7 +154,7 @@ bench-memory: export
 	$(PY) -m bench --memory $(BENCH_ARGS)
 
 lint: install
-	$(PY) -m ruff check app tools tests bench gunicorn.conf.py
+	$(PY) -m ruff check app modelrepo report devstack tests bench requirements/lock.py
 	$(PY) -m mypy
 
 clean:

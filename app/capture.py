@@ -1,4 +1,4 @@
-"""Keep a bounded sample of accepted uploads, to replay them later (python -m app.report). Off by default.
+"""Keep a bounded sample of accepted uploads, to replay them later (python -m report). Off by default.
 
 Only uploads that were decoded and answered are kept, never refused ones. Bounded three ways: at most
 `per_minute` files per worker and minute (the rest are not kept), at most `max_bytes` in the folder

@@ -5,10 +5,10 @@
 It says what the legacy app's torchvision transform did (resize and its interpolation, crop, mean, std,
 what happens to grayscale, alpha and palette images), what the model answers (class count, labels, how
 scores are made: softmax of logits, sigmoid per class, or probabilities as they come), top-k, how Triton
-runs it and which file tools/export_model.py exports. Its readers:
+runs it and which file modelrepo/export.py exports. Its readers:
   * the shim, at start (app/wiring.py; gunicorn's master checks it before any worker starts): its ImageSpec,
     labels, score function, top-k and class count;
-  * tools/export_model.py, which writes from it the model's config.pbtxt, configs/cpu.pbtxt, the
+  * modelrepo/export.py, which writes from it the model's config.pbtxt, configs/cpu.pbtxt, the
     `<name>_uint8` ensemble, the normalize step, the encoded transport's `<name>_encoded` ensemble and
     `<name>_decode` step (decode_parameters(): every pixel-changing field; encoded_refusal(): why not), labels.txt
     and the TorchScript file;
@@ -47,9 +47,9 @@ COLORS = {
     "white": "transparent pixels are composited on white first (Image.alpha_composite on an opaque white image), "
              "then convert('RGB')",
 }
-# The interpolations Triton's decode step (app/triton_models/decode.py, the encoded transport) resizes with: torchvision
-# has a tensor resize for bilinear and bicubic, and Pillow's NEAREST is an index rule; box, hamming and lanczos
-# exist only in Pillow, so a model described with one of them is refused the encoded transport.
+# The interpolations Triton's decode step (modelrepo/triton_models/decode.py, the encoded transport) resizes
+# with: torchvision has a tensor resize for bilinear and bicubic, and Pillow's NEAREST is an index rule; box,
+# hamming and lanczos exist only in Pillow, so a model described with one of them is refused the encoded transport.
 ENCODED_INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic")
 # What the decode step reads from its parameters: every field of [preprocess] that changes pixels.
 DECODE_PARAMETERS = ("resize", "crop", "interpolation", "max_size", "mean", "std", "color")
@@ -68,7 +68,7 @@ class DescriptionError(SettingsError):
 
 @dataclass(frozen=True, kw_only=True)
 class Source:
-    """What tools/export_model.py exports: a torchvision architecture, a TorchScript file, or EfficientNet-Lite."""
+    """What modelrepo/export.py exports: a torchvision architecture, a TorchScript file, or EfficientNet-Lite."""
 
     kind: str  # one of SOURCES
     value: str  # the architecture, the file (resolved against the description's folder) or the variant
@@ -377,7 +377,7 @@ def read_labels(path: Path) -> tuple[str, ...]:
         labels = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
     except OSError as e:
         raise DescriptionError(f"labels file {path} cannot be read ({e.strerror}); run `make export` (or "
-                               "tools/export_model.py for your model), or set SHIM_LABELS_PATH") from None
+                               "modelrepo/export.py for your model), or set SHIM_LABELS_PATH") from None
     if not labels:
         raise DescriptionError(f"labels file {path} is empty: one class name per line, in output order")
     return labels

@@ -6,7 +6,7 @@ mapping of its own, unmapped at free(); but the threshold rises, up to 32 MiB, e
 freed, so after the first requests those buffers come from the per-thread arenas instead, and an arena keeps
 what was freed in it. Measured (`python -m bench --memory`: 64 uploads of 16 MiB at once, each a 40 M pixel
 image, one worker), the worker's peak was 4.5 GiB with glibc's default and 2.1 GiB with the threshold fixed
-at 4 MiB, which also turns the rise off. gunicorn.conf.py sets it in the master, before the workers fork
+at 4 MiB, which also turns the rise off. app/gunicorn_conf.py sets it in the master, before the workers fork
 (they inherit it). Elsewhere (not glibc) it does nothing.
 """
 

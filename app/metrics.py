@@ -1,6 +1,6 @@
 """The shim's Prometheus metrics: a leaf module every other module may import.
 
-Under gunicorn, gunicorn.conf.py points PROMETHEUS_MULTIPROC_DIR at a fresh folder before any worker
+Under gunicorn, app/gunicorn_conf.py points PROMETHEUS_MULTIPROC_DIR at a fresh folder before any worker
 starts, so each worker writes its values there and /metrics adds them up across workers.
 """
 

@@ -4,7 +4,7 @@ Behind nginx (deploy/nginx), nginx answers a good share of the requests itself: 
 of one address, the inference budget spent), 413s, 400s and 408s never reach gunicorn, so the shim's own
 counters never see them. nginx sends one syslog datagram per answer (log_format shim_metrics: status, path
 and its reason) to SHIM_PROXY_LOG_ADDRESS; a small process, `python -m app.proxy_log HOST:PORT`, started and
-restarted by gunicorn's master (gunicorn.conf.py, through Supervisor below), counts them in
+restarted by gunicorn's master (app/gunicorn_conf.py, through Supervisor below), counts them in
 shim_proxy_responses_total{path,status,reason}. It writes to the same prometheus_client multiprocess folder
 as the workers, so the shim's /metrics serves the counts with everything else: nothing more to scrape.
 

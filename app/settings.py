@@ -19,7 +19,7 @@ T = TypeVar("T")
 PREFIX = "SHIM_"
 TRANSPORTS = ("auto", "http", "shm", "uint8", "uint8-shm", "encoded")  # app/backends/triton.py says what each does
 # SHIM_* names that are not settings of the shim but are read elsewhere, so never a typo: the first name of
-# SHIM_MODE, the model export's (tools/export_model.py, compose's model-export), compose's build argument
+# SHIM_MODE, the model export's (modelrepo/export.py, compose's model-export), compose's build argument
 # and bench/gpu_host.sh's shim address. Any other unknown SHIM_* name stops start-up (a typo would be ignored).
 NOT_SETTINGS = frozenset({"SHIM_BACKEND", "SHIM_MODEL_WEIGHTS", "SHIM_MODEL_ARCH", "SHIM_WITH_LEGACY", "SHIM_URL"})
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP field name (RFC 9110 token)
@@ -71,7 +71,7 @@ class Settings:
     labels_path: Path | None = None  # None: the description's labels file
     # Traffic (the initial state; a flag file changes it at run time in every worker)
     mode: Mode = Mode.TRITON
-    flag_file: Path | None = None  # gunicorn.conf.py makes a per-run file when unset
+    flag_file: Path | None = None  # app/gunicorn_conf.py makes a per-run file when unset
     flag_poll_s: float = 0.5  # how stale a worker's view of the flag file may be
     canary_percent: int = 0
     canary_header: str = "X-User-Id"  # sticky canary key; the client address when absent
@@ -90,7 +90,7 @@ class Settings:
     rollback_window_s: float = 60.0
     rollback_min_requests: int = 20
     admin_token: str = field(default="", repr=False)  # bearer token of PUT /admin/traffic; empty: API off
-    # Capture of accepted uploads, to replay them (python -m app.report); off unless a folder is set
+    # Capture of accepted uploads, to replay them (python -m report); off unless a folder is set
     capture_dir: Path | None = None
     capture_per_minute: int = 60  # per worker
     capture_max_mb: float = 1024.0  # the folder's size; the oldest files go first

@@ -168,7 +168,7 @@ class TrafficFlag:
         it here at once. `if_match`: the ETag(s) the writer's change was made against (412 if none is current)."""
         if self.path is None:
             raise FlagNotWritable("run-time switching is off: there is no flag file (set SHIM_FLAG_FILE; "
-                                  "gunicorn.conf.py makes one per run)")
+                                  "app/gunicorn_conf.py makes one per run)")
         path = self.path
         try:
             with self._writers_lock(path):

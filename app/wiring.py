@@ -41,7 +41,7 @@ class Shim:
 
 def triton_backend(settings: Settings, served: Served, *, max_batch_size: int | None = None) -> TritonBackend:
     """The Triton backend of these settings and this model's description: the shim's, and the migration report's
-    (app/report/replay.py, one image per call). Every model name, tensor shape and preprocessing parameter it
+    (report/replay.py, one image per call). Every model name, tensor shape and preprocessing parameter it
     checks at readiness comes from the description; the settings override the ensembles' names."""
     from app.backends.triton import TritonBackend
 

@@ -10,7 +10,7 @@ grayscale, CMYK, EXIF orientations, PNG, WebP, GIF), two tensors:
            which is the legacy code (difference 0 by construction, reported as such, with the reason)
 
 Both are made with the preprocessing of one model's description, and go through that model in this process:
-EfficientNet-Lite0, pretrained, as the tests serve it (bench/reference_model.py: tools/export_model.py's export
+EfficientNet-Lite0, pretrained, as the tests serve it (bench/reference_model.py: modelrepo/export.py's export
 of examples/models/efficientnet_lite0/model.toml, its own Resize(224), mean and std, and its generated decode
 step efficientnet_lite0_decode). Figures: top-1 agreement and top-5 overlap (the share of the legacy top-5 in
 the encoded top-5), and the largest and mean absolute difference of the tensors' values, in pixel levels (1 =
@@ -85,7 +85,7 @@ class DecodeStep:
                                     described=str(description.path))
         if differ:
             raise ValueError(f"{self.model} at {self.url} does not decode as its description says: "
-                             f"{'; '.join(differ)}. Regenerate it (tools/export_model.py)")
+                             f"{'; '.join(differ)}. Regenerate it (modelrepo/export.py)")
 
     def _client(self) -> Any:
         client = getattr(self._local, "client", None)
@@ -236,7 +236,7 @@ def decode_repo(dest: Path, description: ModelDescription) -> Path:
 
 def write_decode_step(description: ModelDescription, repo: Path) -> str:
     """The description's generated decode step (configs and its model.py copy) into `repo`; returns its name."""
-    from app import model_repo
+    from modelrepo import generate as model_repo
 
     files = model_repo.the_decode_step(description)
     if not files:

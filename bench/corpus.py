@@ -3,7 +3,7 @@
 Sizes from 1x1 to 4000x3000 (and a 4000x60 strip), each in several encodings: JPEG with 4:2:0, 4:2:2 and
 4:4:4 chroma at several qualities, progressive, grayscale, CMYK, EXIF orientations 2-8; PNG (RGB, RGBA,
 palette, 16-bit grayscale, grayscale), WebP (lossy, lossless) and GIF. The pictures are smooth gradients,
-shapes and noise (tools/sample_images.photo plus drawn shapes), deterministic from their index: the same
+shapes and noise (tests/sample_images.photo plus drawn shapes), deterministic from their index: the same
 bytes on every machine, so two runs compare the same inputs. The largest sizes come as JPEGs only (a 12 MP
 PNG takes seconds to make and is no different a test of the decoders).
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from tools.sample_images import photo
+from tests.sample_images import photo
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "agreement-corpus"
 

@@ -57,7 +57,7 @@ class Plan:
     instances: int | None  # None: the committed configs' counts
     shim_workers: int
     loadgen_processes: int
-    near_free: bool = False  # Triton's resnet50 and normalize as numpy stand-ins (tools/standin_repo.py)
+    near_free: bool = False  # Triton's resnet50 and normalize as numpy stand-ins (modelrepo/standin.py)
 
 
 FULL = Plan(arch="resnet50", batches=(1, 2, 4, 8, 16, 32, 64), connections=(16, 64, 256), warmup_s=2.0, window_s=5.0,
@@ -120,9 +120,9 @@ def build_repo(dest: Path, plan: Plan) -> Path:
     into triton_repo)."""
     from google.protobuf import text_format
 
-    from app.embedded_triton.cpu_repo import read_config
-    from tools.export_model import build_model, export_normalize, save_torchscript, write_labels
-    from tools.standin_repo import write_standin_repo
+    from devstack.cpu_repo import read_config
+    from modelrepo.export import build_model, export_normalize, save_torchscript, write_labels
+    from modelrepo.standin import write_standin_repo
 
     if dest.exists():
         shutil.rmtree(dest)
@@ -162,8 +162,7 @@ def build_repo(dest: Path, plan: Plan) -> Path:
 
 
 def start_triton(repo: Path, work: Path, plan: Plan) -> Any:
-    from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig
-    from tools import launch
+    from devstack import EmbeddedTriton, EmbeddedTritonConfig, launch
 
     ports = {launch.free_port() for _ in range(8)}
     http, grpc, metrics = sorted(ports)[:3]
@@ -215,7 +214,7 @@ def model_only(triton: Any, plan: Plan) -> dict[str, Any]:
     import torch
     import tritonclient.http as httpclient
 
-    from tools.export_model import build_model
+    from modelrepo.export import build_model
 
     out: dict[str, Any] = {"in_process": {}, "through_triton": {}}
     device = torch.device("cuda" if plan.gpu and torch.cuda.is_available() else "cpu")
@@ -307,7 +306,7 @@ def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan) -> list[dict[str,
     from bench import stack
     from bench.loadgen import Job, LoadGenerator, multipart_request
     from bench.report import summarize
-    from tools import launch
+    from devstack import launch
 
     jpegs = stack.sample_jpegs(16)
     tpid = triton_pid(triton)

@@ -17,7 +17,7 @@ bench/wrk.py) with the same bodies, so that a row's figure is known to be the sh
 (--no-wrk skips it). The `encoded` row's Triton decodes and resizes on the CPU here (resnet50_decode's CPU
 copy): read its shim CPU per image, and the GPU-host estimate made from it (bench/frontcheck.py).
 
-The near-free model: tools/standin_repo.write_standin_repo() writes a copy of triton_repo into the run's
+The near-free model: modelrepo/standin.write_standin_repo() writes a copy of triton_repo into the run's
 own folder (never triton_repo/) whose resnet50 and normalize are numpy python-backend stand-ins with the
 exact interfaces (input__0 FP32 [3,224,224] -> output__0 FP32 [1000], max batch 32; logit k = the sum of
 the k-th of 1000 slices of the input, so every input value is read), served by the embedded Triton. The
@@ -58,7 +58,7 @@ MODEL = "resnet50"
 
 def model_interface(repo: Path, model: str = MODEL) -> tuple[str, list[int], str, int]:
     """(input name, input dims, output name, classes) from the repository's config.pbtxt."""
-    from app.embedded_triton.cpu_repo import read_config
+    from devstack.cpu_repo import read_config
 
     config = read_config(repo / model / "config.pbtxt")
     (inp,), (out,) = config.input, config.output
@@ -66,7 +66,7 @@ def model_interface(repo: Path, model: str = MODEL) -> tuple[str, list[int], str
 
 
 def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path:
-    """A scripted torch module with tools/standin_models/near_free_classifier.py's arithmetic, saved at dest.
+    """A scripted torch module with modelrepo/triton_models/near_free_classifier.py's arithmetic, saved at dest.
 
     Logit k is the sum of the k-th of `classes` slices of the flattened input, the slices bounded by
     numpy.linspace(0, size, classes + 1) as the stand-in's reduceat does; checked against it here.
@@ -116,7 +116,7 @@ def triton_pid(triton: Any) -> int:
 def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads: int,
                  stopper: stack.Stopper) -> Iterator[Any]:
     """examples/legacy_app.py under gunicorn, `workers` x `threads` (gthread), on a free port."""
-    from tools import launch
+    from devstack import launch
 
     port = launch.free_port()
     env = {**os.environ, "LEGACY_MODEL_PATH": str(model_pt), "LEGACY_LABELS_PATH": str(labels)}
@@ -136,7 +136,7 @@ def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads:
 @contextlib.contextmanager
 def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers: int, threads: int,
                stopper: stack.Stopper) -> Iterator[Any]:
-    from tools import launch
+    from devstack import launch
 
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
            "SHIM_LABELS_PATH": str(labels), **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
@@ -153,7 +153,7 @@ def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers
 def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
     """gunicorn's workers, once all `count` have forked and the whole tree is idle: the first answer may come
     while another worker still imports its app (torch, for the legacy app)."""
-    from app.waiting import wait_until
+    from devstack.waiting import wait_until
 
     deadline = time.monotonic() + timeout_s
     wait_until(lambda: len(cpu.children_of(pid)) >= count, timeout_s, f"{count} gunicorn workers", interval_s=0.1)
@@ -300,13 +300,13 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
           f"{(rows_planned * (args.warmup + args.duration) + 15 + 8 * rows_planned) / 60:.0f} min; output in {out}",
           flush=True)
 
-    from tools.standin_repo import write_standin_repo
+    from modelrepo.standin import write_standin_repo
 
     repo = write_standin_repo(out / "standin_repo", keep_torch_models="encoded" in args.transports)
     input_name, dims, output_name, classes = model_interface(repo)
     labels = repo / MODEL / "labels.txt"
     model_pt = near_free_torchscript(out / "models" / "near_free_classifier.pt", dims, classes)
-    notes = [f"The model: {repo / MODEL} (tools/standin_repo.py: a numpy python-backend stand-in with resnet50's "
+    notes = [f"The model: {repo / MODEL} (modelrepo/standin.py: a numpy python-backend stand-in with resnet50's "
              f"interface, {input_name} FP32 {dims} -> {output_name} FP32 [{classes}]) for the shim and direct rows; "
              f"{model_pt} (the same sums, as scripted torch) for the legacy front."]
     work = Path(tempfile.mkdtemp(prefix="shim-bench-front-"))

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stack import ROOT, start_triton
-from tools import launch
+from devstack import launch
 
 BOUNDARY = "benchmemoryboundary"
 
@@ -66,7 +66,7 @@ def worst_image(max_pixels: int, max_upload_bytes: int) -> bytes:
     import numpy as np
     from PIL import Image
 
-    from tools.sample_images import encode, photo
+    from tests.sample_images import encode, photo
 
     side = int(max_pixels ** 0.5)
     tile = photo(1024, 1024, seed=7)
@@ -100,8 +100,8 @@ def post(port: int, body: bytes, timeout_s: float) -> int:
 
 def main(args: argparse.Namespace) -> int:
     from app.settings import Settings
-    from tools.proxy import free_udp_port
-    from tools.standin_repo import write_standin_repo
+    from devstack.proxy import free_udp_port
+    from modelrepo.standin import write_standin_repo
 
     work = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     given = {k: v for k, v in os.environ.items() if k.startswith("SHIM_")}

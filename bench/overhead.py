@@ -29,12 +29,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.percentiles import median  # noqa: E402
 from app.preprocess import ImageSpec, decode, to_tensor  # noqa: E402
 from bench import stack  # noqa: E402
-from tools import launch  # noqa: E402
-from tools.export_model import read_export_info  # noqa: E402
-from tools.sample_images import encode, photo  # noqa: E402
+from devstack import launch  # noqa: E402
+from modelrepo.export import read_export_info  # noqa: E402
+from report.percentiles import median  # noqa: E402
+from tests.sample_images import encode, photo  # noqa: E402
 
 
 def timed(work, repeat: int) -> list[float]:  # type: ignore[no-untyped-def]

@@ -76,7 +76,7 @@ def short_file(file: str) -> str:
             return file.rsplit(marker, 1)[1]
     if match := re.search(r"/lib/python3\.\d+/(.*)$", file):
         return match.group(1)
-    for top in ("/app/", "/bench/", "/tools/", "/examples/"):
+    for top in ("/app/", "/bench/", "/modelrepo/", "/devstack/", "/report/", "/examples/"):
         if top in file:
             return top.strip("/") + "/" + file.rsplit(top, 1)[1]
     return file

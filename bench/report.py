@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from app.metrics import CPU_PARTS
-from app.percentiles import percentile
 from bench.loadgen import Outcome
+from report.percentiles import percentile
 
 # The table that sold the migration: RTX 3090, ResNet-50, 224x224; the article does not state its concurrency.
 SEED_SOURCE = "article: RTX 3090, ResNet-50, 224x224"
@@ -35,7 +35,7 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
     good = [outcome.latencies[i] * 1000 for i in measured if not outcome.errors[i]]
     kinds = Counter(outcome.errors[i] for i in measured if outcome.errors[i])
     warmup = [i for i, end in enumerate(outcome.ends) if end < 0]
-    p50, p95, p99 = (percentile(good, p) for p in (50, 95, 99))  # nearest rank: app/percentiles.py
+    p50, p95, p99 = (percentile(good, p) for p in (50, 95, 99))  # nearest rank: report/percentiles.py
     return {
         "answers": len(good),
         "errors": sum(kinds.values()),

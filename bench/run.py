@@ -88,7 +88,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-name", default="resnet50", help="the Triton model (default resnet50)")
     p.add_argument("--model-repository", type=Path,
                    help="benchmark the model described by <repository>/<model-name>/model.toml (its preprocessing, "
-                        "labels and exported model.pt; tools/export_model.py) instead of an exported --arch")
+                        "labels and exported model.pt; modelrepo/export.py) instead of an exported --arch")
     p.add_argument("--legacy-transform",
                    help="with --model-repository: the legacy app's transform, module:attribute (default: "
                         "examples.transforms:<model-name>)")
@@ -427,7 +427,7 @@ def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path)
 
 @contextlib.contextmanager
 def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: str) -> Iterator[str]:
-    from tools import launch
+    from devstack import launch
 
     repository = {"SHIM_MODEL_REPOSITORY": str(run.args.model_repository)} if run.args.model_repository else {}
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": run.args.model_name,
@@ -448,7 +448,7 @@ def gunicorn(run: Run) -> str:
 
 
 def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
-    from tools import launch
+    from devstack import launch
 
     label = "(1) legacy Flask app, 1 process"
     if run.args.legacy_url:
@@ -591,7 +591,7 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
         model_pt = stack.exported_model(arch)
     work = Path(tempfile.mkdtemp(prefix="shim-bench-"))
     labels = work / "labels.txt"
-    from tools.export_model import write_labels
+    from modelrepo.export import write_labels
 
     if args.description is not None:
         shutil.copyfile(args.description.labels, labels)

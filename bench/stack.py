@@ -2,7 +2,7 @@
 
 Nothing here writes into triton_repo/: models are exported into .cache/bench-models/ (reused while the
 architecture matches) and every Triton configuration is a variant repository in the run's own folder,
-its config read from triton_repo as a ModelConfig protobuf (app.embedded_triton.cpu_repo.read_config),
+its config read from triton_repo as a ModelConfig protobuf (devstack.cpu_repo.read_config),
 changed only where the configuration differs, and served by the embedded Triton, which makes its CPU
 copy exactly as `make triton` does.
 """
@@ -31,11 +31,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/overhead.py` as well as `python -m bench`
     sys.path.insert(0, str(ROOT))
 
-from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig  # noqa: E402
 from app.metrics import CPU_PARTS  # noqa: E402
 from app.preprocess import ImageSpec, decode, to_tensor  # noqa: E402
-from tools import launch  # noqa: E402
-from tools.sample_images import encode, photo  # noqa: E402
+from devstack import (  # noqa: E402
+    EmbeddedTriton,
+    EmbeddedTritonConfig,
+    launch,
+)
+from tests.sample_images import encode, photo  # noqa: E402
 
 TRITON_REPO = ROOT / "triton_repo"
 MODEL_CACHE = ROOT / ".cache" / "bench-models"
@@ -68,7 +71,7 @@ def shim_layout(workers: int, threads: int) -> dict[str, str]:
 
 def exported_model(arch: str, seed: int = 0) -> Path:
     """A seeded TorchScript `arch` under .cache/bench-models, exported on first use (never into triton_repo)."""
-    from tools.export_model import build_model, read_export_info, save_torchscript
+    from modelrepo.export import build_model, read_export_info, save_torchscript
 
     target = MODEL_CACHE / f"{arch}-seed{seed}.pt"
     info: dict[str, object] = {"arch": arch, "seed": seed}
@@ -79,7 +82,7 @@ def exported_model(arch: str, seed: int = 0) -> Path:
 
 
 def model_arch(model_pt: Path) -> str:
-    from tools.export_model import read_export_info
+    from modelrepo.export import read_export_info
 
     return str((read_export_info(model_pt) or {}).get("arch", "unknown"))
 
@@ -98,8 +101,8 @@ def variant_repo(dest: Path, variant: Variant, model_pt: Path, *, source: Path =
     """A one-model repository at dest/<variant>: the committed config with only `variant`'s changes."""
     from google.protobuf import text_format
 
-    from app.embedded_triton.cpu_repo import read_config
-    from tools.export_model import ARCHS, write_labels
+    from devstack.cpu_repo import read_config
+    from modelrepo.export import ARCHS, write_labels
 
     config = read_config(source / model / "config.pbtxt")
     if variant.dynamic_batching and not config.HasField("dynamic_batching"):
@@ -218,11 +221,11 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(url: str, timeout_s: float = 60) -> Samples | None:
-    """Every sample of a Prometheus endpoint (app.promtext), keyed by (name, labels); None when unreadable.
+    """Every sample of a Prometheus endpoint (devstack.promtext), keyed by (name, labels); None when unreadable.
 
     The timeout is long: under load the shim's /metrics waits for a gunicorn thread like any request.
     """
-    from app import promtext
+    from devstack import promtext
 
     try:
         samples = promtext.scrape(url, timeout_s)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from app.percentiles import median
-from app.waiting import wait_until
 from bench import stack
+from devstack.waiting import wait_until
+from report.percentiles import median
 
 ROWS = ("with model_warmup (as committed)", "without model_warmup")
 
@@ -29,8 +29,8 @@ ROWS = ("with model_warmup (as committed)", "without model_warmup")
 def variant(dest: Path, model_pt: Path, warm: bool) -> Path:
     from google.protobuf import text_format
 
-    from app.embedded_triton.cpu_repo import read_config
-    from tools.export_model import write_labels
+    from devstack.cpu_repo import read_config
+    from modelrepo.export import write_labels
 
     config = read_config(stack.TRITON_REPO / "resnet50" / "config.pbtxt")
     if not config.model_warmup:

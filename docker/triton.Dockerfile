@@ -1,13 +1,13 @@
 # Triton for docker-compose.yml and deploy/k8s: NVIDIA's image plus Pillow for the `preprocess` model
 # (triton_repo/preprocess/1/model.py; numpy is already in the image), and for `resnet50_decode` (the encoded
-# transport: its 1/model.py is the export's copy of app/triton_models/decode.py) nvImageCodec with nvJPEG and
+# transport: its 1/model.py is the export's copy of modelrepo/triton_models/decode.py) nvImageCodec with nvJPEG and
 # torch + torchvision, all built for CUDA 12 as the image is (24.10: CUDA 12.6; torch 2.5.1's PyPI wheels are
 # CUDA 12.4 builds, which run on its driver). torch adds about 2.5 GB; an image that never serves the encoded transport can drop
 # those three lines and resnet50_decode / resnet50_encoded from its repository.
 #
 # 24.10 is the NGC release of Triton 2.51.0, the server that nvidia-pytriton 0.7.0 ships and that
 # `make test` runs against (tests/test_deploy.py checks that the two stay in step). Its libtorch backend
-# reads TorchScript file format versions up to 10, like every PyTorch since 2022; tools/export_model.py
+# reads TorchScript file format versions up to 10, like every PyTorch since 2022; modelrepo/export.py
 # writes version 3 for ResNets (tests/test_deploy.py checks that too).
 #
 #   docker build -f docker/triton.Dockerfile -t flask-triton-shim/triton:24.10 .

@@ -1,7 +1,7 @@
 """The torchvision transforms of three teams' legacy Flask apps, as each app had it (examples/legacy_app.py
 serves any of them: LEGACY_TRANSFORM=examples.transforms:<name>). Each model's description
 (triton_repo/resnet50/model.toml, examples/models/<name>/model.toml) says the same in the shim's terms, and
-`python tools/check_preprocess.py examples.transforms:<name> IMAGES --description ...` proves it, bit for bit.
+`python modelrepo/check.py examples.transforms:<name> IMAGES --description ...` proves it, bit for bit.
 """
 
 from torchvision import transforms

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 
+from devstack import launch
+from devstack.launch import ServedApp
 from tests.support import ROOT, TRITON_REPO, free_ports
-from tools import launch
-from tools.launch import ServedApp
 
 if TYPE_CHECKING:  # imported where a server starts: `make test-prod` runs without the local Triton's packages
-    from app.embedded_triton import EmbeddedTriton
+    from devstack import EmbeddedTriton
 
 TEST_ARCH = "resnet18"  # same input and output shapes as resnet50, a third of the compute
 # Two more classifiers, each with its own preprocessing, labels and legacy transform (examples/transforms.py),
@@ -120,7 +120,7 @@ def pytest_sessionfinish() -> None:
 
 def export_test_model(seed: int = 0) -> Path:
     """A seeded resnet18 TorchScript file, exported once and reused by later runs."""
-    from tools.export_model import build_model, read_export_info, save_torchscript
+    from modelrepo.export import build_model, read_export_info, save_torchscript
 
     target = ROOT / ".cache" / "test-models" / f"{TEST_ARCH}-seed{seed}.pt"
     info = read_export_info(target) or {}
@@ -142,7 +142,7 @@ def seed1_model_pt() -> Path:
 
 def normalize_model_pt() -> Path:
     """The uint8 transport's `normalize` TorchScript, exported once and reused by later runs."""
-    from tools.export_model import NORMALIZE_INFO, build_normalize, read_export_info, save_torchscript
+    from modelrepo.export import NORMALIZE_INFO, build_normalize, read_export_info, save_torchscript
 
     target = ROOT / ".cache" / "test-models" / "normalize.pt"
     info = read_export_info(target) or {}
@@ -155,7 +155,7 @@ def make_test_repo(dest: Path, model_pt: Path, *, only_resnet50: bool = False) -
     """triton_repo as committed (configs, preprocess model.py), with `model_pt` as resnet50 version 1.
     `only_resnet50`: that model alone, for tests that send it tensors (a server with one torch stub fewer
     and no preprocess starts in about half the time)."""
-    from tools.export_model import write_labels
+    from modelrepo.export import write_labels
 
     shutil.copytree(TRITON_REPO, dest, ignore=shutil.ignore_patterns("model.pt", "labels.txt", "__pycache__"))
     if only_resnet50:
@@ -171,7 +171,7 @@ def make_test_repo(dest: Path, model_pt: Path, *, only_resnet50: bool = False) -
 
 
 def export_own_models() -> Path:
-    """OWN_MODELS exported by tools/export_model.py into .cache/test-models/repo once (kept while current): the
+    """OWN_MODELS exported by modelrepo/export.py into .cache/test-models/repo once (kept while current): the
     repository bench/agreement.py's reference model (EfficientNet-Lite0) comes from too."""
     from bench.reference_model import REPO, export_example
 
@@ -197,7 +197,7 @@ def add_own_models(dest: Path) -> None:
 def start_triton(repo: Path, cache_dir: Path, *, ports: list[int] | None = None,
                  admin_key: str = "") -> EmbeddedTriton:
     """`admin_key`: Triton's model-repository and shared-memory APIs need it, as `make run` starts Triton."""
-    from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig
+    from devstack import EmbeddedTriton, EmbeddedTritonConfig
 
     http, grpc, metrics = ports or free_ports(3)
     config = EmbeddedTritonConfig(model_repository=repo, cache_dir=cache_dir, http_port=http,

@@ -16,8 +16,8 @@ import promql_parser
 import pytest
 import yaml
 
+from devstack import proxy
 from tests.support import ROOT
-from tools import proxy
 
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILES = [ROOT / "Dockerfile", ROOT / "docker" / "triton.Dockerfile"]

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from app import promtext, waiting
 from app.preprocess import ImageSpec, decode, to_tensor
 from app.scores import best, softmax
-from tools.launch import free_port
-from tools.sample_images import encode, photo
+from devstack import promtext, waiting
+from devstack.launch import free_port
+from tests.sample_images import encode, photo
 
 __all__ = ["encode", "photo"]  # re-exported: the tests' images come from the same place as the bench's
 
@@ -43,7 +43,7 @@ def free_ports(count: int) -> list[int]:
     loaded) while other servers and clients start beside it. Below the ephemeral range, no bind(0) of
     another process (gunicorn's, the benchmark's) and no outgoing connection can take them meanwhile.
     """
-    from app.embedded_triton.server import port_is_free  # not at import: its package needs the local Triton's
+    from devstack.server import port_is_free  # not at import: its package needs the local Triton's
 
     low = _ephemeral_low()
     ports: list[int] = []
@@ -71,7 +71,7 @@ def reference_transform() -> Callable[[Image.Image], np.ndarray]:
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2) -> None:
-    """Poll with a deadline (app.waiting); a timeout fails the test with what was awaited."""
+    """Poll with a deadline (devstack.waiting); a timeout fails the test with what was awaited."""
     try:
         waiting.wait_until(predicate, timeout_s, what, interval_s=interval_s)
     except waiting.WaitTimeout as e:
@@ -101,7 +101,7 @@ class FakeClock:
 
 
 def standin_answer(data: bytes, labels: list[str], top_k: int = 5) -> list[dict[str, Any]]:
-    """What the shim must answer with the stand-in resnet50 (tools/standin_models/near_free_classifier.py), as
+    """What the shim must answer with the stand-in resnet50 (modelrepo/triton_models/near_free_classifier.py), as
     make compose-test and make k8s-test serve it: logit k is the sum of the k-th of 1000 equal slices of the
     preprocessed input."""
     spec = ImageSpec()

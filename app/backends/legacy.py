@@ -120,5 +120,5 @@ class LegacyBackend:
         if self._classes is not None and got != [1, self._classes]:
             raise ValueError(f"it answers {got} for an input {[1, *self._image_shape]}, where the model's description "
                              f"says [output] classes = {self._classes}: export the model the description describes "
-                             "(tools/export_model.py), or fix the description")
+                             "(modelrepo/export.py), or fix the description")
         return model

@@ -125,7 +125,7 @@ def _check_parameters(config: dict[str, Any], wanted: Mapping[str, str], *, wher
     differ = compare_parameters(served, wanted, every=every, described="the shim's description")
     if differ:
         raise ModelMismatch(f"{where} was generated from another description: {'; '.join(differ)}. Regenerate its "
-                            "repository (tools/export_model.py), or point SHIM_MODEL_REPOSITORY at the one it serves",
+                            "repository (modelrepo/export.py), or point SHIM_MODEL_REPOSITORY at the one it serves",
                             backend=NAME)
 
 
@@ -450,7 +450,7 @@ class TritonBackend:
         def send(client: httpclient.InferenceServerClient) -> Any:
             # NOTE: self.version (SHIM_MODEL_VERSION) is the classifier's, but here, as on the uint8 route, it names
             # a version of the ensemble: a pin of the classifier belongs inside the ensembles, in the one model step
-            # app/model_repo.py's _model_step writes for both.
+            # modelrepo/generate.py's _model_step writes for both.
             try:
                 return client.infer(route.model, [tensor], model_version=route.version, outputs=[wanted],
                                     request_id=request_id)

@@ -1,6 +1,6 @@
-"""The compose stack's checks: only under `make compose-test` (tools/compose_test.py), never in `make test`.
+"""The compose stack's checks: only under `make compose-test` (tests/compose/driver.py), never in `make test`.
 
-They need a docker engine and the images that tools/compose_test.py builds first, so `pytest` skips this
+They need a docker engine and the images that tests/compose/driver.py builds first, so `pytest` skips this
 folder at collection unless COMPOSE_STACK=1 (which the driver sets). By hand, after a `make compose-test`
 left the images: `COMPOSE_STACK=1 .venv/bin/pytest tests/compose` (with a running engine).
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tools.compose_test import Stack, StageError, busy_ports
+from tests.compose.driver import Stack, StageError, busy_ports
 
 collect_ignore_glob = [] if os.environ.get("COMPOSE_STACK") == "1" else ["test_*.py"]
 

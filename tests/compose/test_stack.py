@@ -22,10 +22,10 @@ import pytest
 import requests
 import yaml
 
-from app.waiting import http_status
+from devstack.waiting import http_status
+from tests.compose.driver import COMPOSE_FILES, PROJECT, STANDIN_REPO, Stack
 from tests.hostile.clients import read_answer
 from tests.support import ROOT, encode, photo, standin_answer, wait_until
-from tools.compose_test import COMPOSE_FILES, PROJECT, STANDIN_REPO, Stack
 
 if os.environ.get("COMPOSE_STACK") != "1":  # named on the command line, collect_ignore does not apply
     pytest.skip("the compose stack runs under `make compose-test` (COMPOSE_STACK=1)", allow_module_level=True)
@@ -98,7 +98,7 @@ def test_the_shim_sends_through_shared_memory_across_the_two_containers(stack: S
 
 def test_tritons_ports_are_published_nowhere_and_nothing_answers_on_the_host(stack: Stack) -> None:
     assert not stack.inspect("triton")["HostConfig"].get("PortBindings"), "Triton's ports are published"
-    for port in TRITON_PORTS:  # free before the stack started (tools/compose_test.py's first stage)
+    for port in TRITON_PORTS:  # free before the stack started (tests/compose/driver.py's first stage)
         with socket.socket() as sock, pytest.raises(OSError):
             sock.settimeout(2)
             sock.connect(("127.0.0.1", port))

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.percentiles import percentile as shared_percentile
+from report.percentiles import percentile as shared_percentile
 
 HOST = "127.0.0.1"
 NORMAL = "127.0.0.1"  # normal clients and probes
@@ -32,7 +32,7 @@ BOUNDARY = "hostileboundary5f1c"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The project's percentile (app/percentiles.py: nearest rank; q in 0-100); nan for no values."""
+    """The project's percentile (report/percentiles.py: nearest rank; q in 0-100); nan for no values."""
     found = shared_percentile(values, q)
     return float("nan") if found is None else found
 

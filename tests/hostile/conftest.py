@@ -1,11 +1,11 @@
 """The hostile-clients suite (`make hostile-test`): the real stack, attacked, measured and checked.
 
-One stack for the session, as users deploy it: the wheel's Triton serving tools/standin_repo.py's copy of
+One stack for the session, as users deploy it: the wheel's Triton serving modelrepo/standin.py's copy of
 triton_repo (a near-free numpy `resnet50` with the real interface, so that the shim's front end, not the
 model, is what the floods and slow clients stress; the SIGSTOP scenario needs no real model either), the
-shim under gunicorn exactly as `make run` starts it (tools/launch.start_shim, gunicorn.conf.py, every
+shim under gunicorn exactly as `make run` starts it (devstack/launch.start_shim, app/gunicorn_conf.py, every
 SHIM_* setting at its default but those a deployment sets behind nginx: SHIM_PROXY_HOPS=1 and
-SHIM_PROXY_LOG_ADDRESS), and nginx with deploy/nginx's configuration in front (tools/proxy.py). Normal clients
+SHIM_PROXY_LOG_ADDRESS), and nginx with deploy/nginx's configuration in front (devstack/proxy.py). Normal clients
 and probes come from 127.0.0.1, attackers from other loopback addresses.
 
 Collected only with HOSTILE_STACK=1 (the Makefile target sets it): `make test` never runs it. The figures
@@ -26,11 +26,10 @@ from typing import Any
 
 import pytest
 
-from app.embedded_triton import EmbeddedTriton
 from app.settings import Settings
+from devstack import EmbeddedTriton, launch, proxy
+from devstack.launch import ServedApp
 from tests.support import ROOT, encode, photo
-from tools import launch, proxy
-from tools.launch import ServedApp
 
 collect_ignore_glob = [] if os.environ.get("HOSTILE_STACK") == "1" else ["test_*.py"]
 
@@ -42,7 +41,7 @@ class Stack:
     triton: EmbeddedTriton
     shim: ServedApp
     proxy: proxy.Proxy
-    settings: Settings  # the shim's settings, as gunicorn.conf.py reads them from the same environment
+    settings: Settings  # the shim's settings, as app/gunicorn_conf.py reads them from the same environment
     image: bytes  # what normal clients send: a 640x480 JPEG
     config: str  # the rendered nginx configuration
 
@@ -82,7 +81,7 @@ class Stack:
 
     def proxy_counts(self) -> dict[tuple[str, str, str], float]:
         """shim_proxy_responses_total by (path, status, reason), as the shim's /metrics serves it."""
-        from app import promtext
+        from devstack import promtext
 
         return {(s.labels["path"], s.labels["status"], s.labels["reason"]): s.value
                 for s in promtext.scrape(self.shim.url + "/metrics", timeout_s=10)
@@ -155,8 +154,8 @@ def worker_pids(master: int) -> list[int]:
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from modelrepo.standin import write_standin_repo
     from tests.conftest import start_triton
-    from tools.standin_repo import write_standin_repo
 
     if proxy.nginx_binary() is None:
         if os.environ.get("CI"):
@@ -196,7 +195,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 @pytest.fixture
 def healthy(stack: Stack) -> Stack:
     """The stack answering through the proxy before a scenario starts (the one before may have shaken it)."""
-    from app.waiting import wait_for_http
+    from devstack.waiting import wait_for_http
 
     wait_for_http(stack.proxy.url + "/readyz", 60, what="/readyz through nginx to answer 200")
     return stack

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from app.waiting import wait_for_http
 from bench.loadgen import Job, LoadGenerator, Outcome, multipart_request
+from devstack.waiting import wait_for_http
 from tests.hostile.clients import ATTACKERS, HOST, Drippers, HealthPoller, percentile
 from tests.hostile.conftest import Figures, Stack
 

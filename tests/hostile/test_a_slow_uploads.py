@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from bench.loadgen import Job, LoadGenerator, Outcome, multipart_request
+from devstack import proxy
 from tests.hostile.clients import HOST, Drippers, percentile
 from tests.hostile.conftest import Figures, Stack
 from tests.support import wait_until
-from tools import proxy
 
 ATTACK_S = float(os.environ.get("HOSTILE_UPLOAD_S", "10"))
 IDLE_S = 5.0

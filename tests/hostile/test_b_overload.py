@@ -147,7 +147,7 @@ def test_a_flood_is_refused_fast_and_health_stays_fast(healthy: Stack, figures: 
 def test_without_the_proxy_a_flood_for_the_record(healthy: Stack, figures: Figures) -> None:
     """Not asserted: the same 256 connections straight at gunicorn (as `make run` serves), to show what the
     shim's own admission control does alone. Only recovery is checked."""
-    from app.waiting import wait_for_http
+    from devstack.waiting import wait_for_http
 
     stack = healthy
     upload = multipart_request(HOST, stack.shim_port, "/predict", "image", "test.jpg", "image/jpeg", stack.image)

@@ -9,8 +9,8 @@ import os
 import signal
 import time
 
-from app import promtext
 from bench.loadgen import Job, LoadGenerator, multipart_request
+from devstack import promtext
 from tests.hostile.clients import HOST, Answer, HealthPoller, percentile, predict
 from tests.hostile.conftest import Figures, Stack
 

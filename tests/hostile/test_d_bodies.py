@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from app.waiting import wait_until
+from devstack import proxy
+from devstack.launch import free_port
+from devstack.waiting import wait_until
 from tests.hostile.clients import RawResponse, multipart_body, read_answer, request
 from tests.hostile.conftest import Figures, Stack
-from tools import proxy
-from tools.launch import free_port
 
 MIB = 1 << 20
 DECLARED = 200 * MIB

@@ -1,13 +1,13 @@
 """The encoded transport's agreement gate on the generated corpus, against the real Triton's decode step
 (its CPU copy): the figures README states, measured on every `make test` (python -m bench.agreement), with the
-model the other tests serve (EfficientNet-Lite0, tools/export_model.py's export) and its own preprocessing."""
+model the other tests serve (EfficientNet-Lite0, modelrepo/export.py's export) and its own preprocessing."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.embedded_triton import EmbeddedTriton
 from bench import agreement, corpus, reference_model
+from devstack import EmbeddedTriton
 
 pytestmark = pytest.mark.triton
 

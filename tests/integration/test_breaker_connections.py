@@ -7,7 +7,7 @@ import pytest
 
 from app.backends.triton import TritonBackend
 from app.breaker import CircuitBreaker
-from app.embedded_triton import EmbeddedTriton
+from devstack import EmbeddedTriton
 from tests.support import connections_to, wait_until
 
 pytestmark = pytest.mark.triton

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from app.embedded_triton import EmbeddedTriton
 from app.settings import Settings
+from devstack import EmbeddedTriton, proxy
+from devstack.launch import ServedApp, free_port
 from tests.deploy_support import (
     K8S,
     compose,
@@ -28,8 +29,6 @@ from tests.deploy_support import (
     yaml_docs,
 )
 from tests.support import ROOT, encode, photo, wait_until
-from tools import proxy
-from tools.launch import ServedApp, free_port
 
 # The NGC image that ships each Triton server release the tests run (nvidia-pytriton's wheel). Triton's
 # numbering: NGC YY.MM <-> 2.N.0, one a month (22.12 is v2.29.0, so 24.10 is v2.51.0).
@@ -80,6 +79,7 @@ def test_the_files_the_shim_image_copies_are_enough_to_serve_predict(tmp_path: P
     assert run(*pip, "install", "--no-deps", "--target", site, *wheels.glob("*.whl")).returncode == 0
     copy_like_docker(dockerfile["runtime"], tmp_path / "image")
     workdir = tmp_path / "image" / "srv" / "shim"
+    workdir.mkdir(parents=True, exist_ok=True)  # the Dockerfile's WORKDIR: docker makes it
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHIM_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     env.update(PYTHONPATH=str(site), SHIM_HOST="127.0.0.1", SHIM_PORT=str(port), SHIM_WORKERS="1",
@@ -91,7 +91,8 @@ def test_the_files_the_shim_image_copies_are_enough_to_serve_predict(tmp_path: P
     assert where.startswith(str(site)), f"app was imported from {where}, not from the staged image"
     log = tmp_path / "shim.log"
     with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"], cwd=workdir, env=env,
+        server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"],
+                                  cwd=workdir, env=env,
                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -15,13 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from PIL import Image
 
-from app import promtext
-from app.embedded_triton import EmbeddedTriton
-from app.embedded_triton.cpu_repo import read_config
+from devstack import EmbeddedTriton, promtext
+from devstack.cpu_repo import read_config
 from tests.conftest import start_early, take_early
-from tests.support import ROOT, TRITON_REPO, free_ports, photo, reference_transform, wait_until
+from tests.support import ROOT, TRITON_REPO, free_ports, wait_until
 
 pytestmark = pytest.mark.triton
 
@@ -44,7 +42,7 @@ def run_reference(model: object, batch: np.ndarray) -> np.ndarray:
 def test_server_is_live_and_ready(triton_client: httpclient.InferenceServerClient) -> None:
     assert triton_client.is_server_live()
     assert triton_client.is_server_ready()
-    for model in ("resnet50", "preprocess", "pipeline"):
+    for model in ("resnet50", "resnet50_uint8", "resnet50_encoded"):
         assert triton_client.is_model_ready(model), model
 
 
@@ -67,26 +65,6 @@ def test_infer_with_binary_tensors_equals_the_model_in_process(
     logits = infer(triton_client, "resnet50", "input__0", inputs, "output__0")
     assert logits.shape == (batch, 1000) and logits.dtype == np.float32
     np.testing.assert_allclose(logits, run_reference(reference_model, inputs), rtol=0, atol=1e-4)
-
-
-@pytest.mark.parametrize("size", [(640, 480), (300, 500), (224, 224), (1, 1), (1000, 37)])
-def test_preprocess_model_matches_torchvision(triton_client: httpclient.InferenceServerClient,
-                                              size: tuple[int, int]) -> None:
-    pixels = photo(*size, seed=size[0])
-    served = infer(triton_client, "preprocess", "raw_image", pixels[None], "preprocessed", "UINT8")[0]
-    expected = reference_transform()(Image.fromarray(pixels))
-    assert served.shape == (3, 224, 224)
-    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
-
-
-def test_pipeline_agrees_with_resnet50_fed_the_shim_side_tensor(
-        triton_client: httpclient.InferenceServerClient) -> None:
-    pixels = photo(640, 480, seed=7)
-    via_pipeline = infer(triton_client, "pipeline", "raw_image", pixels[None], "classification_result", "UINT8")
-    tensor = reference_transform()(Image.fromarray(pixels))[None].astype(np.float32)
-    direct = infer(triton_client, "resnet50", "input__0", tensor, "output__0")
-    np.testing.assert_allclose(via_pipeline, direct, rtol=0, atol=1e-4)
-    assert int(via_pipeline.argmax()) == int(direct.argmax())
 
 
 def test_metrics_show_that_dynamic_batching_merged_concurrent_requests(triton: EmbeddedTriton) -> None:
@@ -117,7 +95,7 @@ def test_metrics_show_that_dynamic_batching_merged_concurrent_requests(triton: E
 
 
 class CliTriton:
-    """`python -m app.embedded_triton` on triton_repo/ as `make export` left it (what `make triton` and
+    """`python -m devstack` on triton_repo/ as `make export` left it (what `make triton` and
     `make run` start), on free ports, its stderr in a file, its cache in a folder of its own."""
 
     def __init__(self) -> None:
@@ -125,7 +103,7 @@ class CliTriton:
         self.stderr = self.folder / "stderr.txt"
         self.http, grpc, metrics = free_ports(3)
         self.exported = (TRITON_REPO / "resnet50" / "1" / "model.pt").is_file()
-        cmd = [sys.executable, "-m", "app.embedded_triton", "--model-repository", str(TRITON_REPO), "--quiet",
+        cmd = [sys.executable, "-m", "devstack", "--model-repository", str(TRITON_REPO), "--quiet",
                f"--http-port={self.http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
                f"--cache-dir={self.folder / 'cache'}"]
         with self.stderr.open("wb") as err:  # a file, not a pipe: nobody reads it until the test runs
@@ -163,7 +141,7 @@ def test_cli_serves_the_exported_repository_and_stops_cleanly_on_sigint(cli_trit
             return False
 
     wait_until(ready, 240, "the CLI's Triton to be ready")
-    assert client.is_model_ready("pipeline")
+    assert client.is_model_ready("resnet50_uint8")
     shm = f"shim{process.pid}x*"  # the server's python-backend regions carry its launcher's pid
     assert list(Path("/dev/shm").glob(shm)), "expected the python backend's shared memory while running"
     client.close()
@@ -174,7 +152,7 @@ def test_cli_serves_the_exported_repository_and_stops_cleanly_on_sigint(cli_trit
 
 
 def test_environment_of_the_stub_is_this_interpreter() -> None:
-    from app.embedded_triton.wheel import server_environment
+    from devstack.wheel import server_environment
 
     env = server_environment({"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere"})
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)

@@ -14,13 +14,13 @@ import requests
 from PIL import Image
 
 from app.backends.triton import TritonBackend
-from app.embedded_triton import EmbeddedTriton
 from app.errors import DecodeRefused
 from app.preprocess import ImageSpec, decode, forwarded, to_tensor
 from app.sniff import cpu_reason
+from devstack import EmbeddedTriton
+from devstack.launch import ServedApp
 from tests.conftest import start_shim, stop_soon
 from tests.support import encode, photo, scrape, wait_until
-from tools.launch import ServedApp
 
 pytestmark = pytest.mark.triton
 SPEC = ImageSpec()

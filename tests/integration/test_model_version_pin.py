@@ -2,7 +2,7 @@
 versions of resnet50 (that answer differently): the pin is never sent to the uint8 ensemble, whose step
 for resnet50 must name that version, else the uint8 transports are unready with what to change.
 
-Triton serves tools/standin_repo.py's numpy models; version 2 of resnet50 answers minus version 1's logits.
+Triton serves modelrepo/standin.py's numpy models; version 2 of resnet50 answers minus version 1's logits.
 `resnet50_uint8` runs resnet50 version -1 (the newest), as committed; `resnet50_uint8_v1` runs version 1.
 """
 
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from app.backends.triton import TritonBackend
-from app.embedded_triton import EmbeddedTriton
 from app.errors import BackendUnavailable
 from app.preprocess import ImageSpec, decode, prepare
+from devstack import EmbeddedTriton
 from tests.conftest import start_triton
 from tests.support import encode, photo
 
@@ -29,7 +29,7 @@ IMAGES = [prepare(decode(encode(photo(320, 240, seed=70 + i), "JPEG"), SPEC), SP
 
 @pytest.fixture(scope="module")
 def two_versions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
-    from tools.standin_repo import write_standin_repo
+    from modelrepo.standin import write_standin_repo
 
     tmp = tmp_path_factory.mktemp("two-versions")
     repo = write_standin_repo(tmp / "triton_repo")
@@ -37,7 +37,7 @@ def two_versions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedT
     (model / "2").mkdir()
     code = (model / "1" / "model.py").read_text()
     negated = re.sub(r"^(\s+)(rows = .*)$", r"\1\2\n\1rows = -rows", code, count=1, flags=re.MULTILINE)
-    assert negated != code, "tools/standin_models/near_free_classifier.py changed: update this test"
+    assert negated != code, "modelrepo/triton_models/near_free_classifier.py changed: update this test"
     (model / "2" / "model.py").write_text(negated)
     config = model / "config.pbtxt"
     config.write_text(config.read_text() + "\nversion_policy: { all { } }\n")  # both versions served

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from app import promtext
-from app.embedded_triton import EmbeddedTriton
 from app.settings import Settings
+from devstack import EmbeddedTriton, promtext, proxy
+from devstack.launch import ServedApp
 from tests.conftest import start_shim, stop_soon
 from tests.deploy_support import (
     adapter_query,
@@ -30,8 +30,6 @@ from tests.deploy_support import (
     parse_selectors,
 )
 from tests.support import encode, photo, wait_until
-from tools import proxy
-from tools.launch import ServedApp
 
 # Triton's GPU metrics as its documentation lists them (triton-inference-server/server,
 # docs/user_guide/metrics.md, "GPU Metrics" table). Triton without a GPU (as in make test) exports none.
@@ -118,7 +116,7 @@ def raw_answer(port: int, data: bytes) -> bytes:
 
 
 def exporter_pids(master: int) -> list[int]:
-    """The master's `python -m app.proxy_log` processes (gunicorn.conf.py's Supervisor: a thread starts them)."""
+    """The master's `python -m app.proxy_log` processes (app/gunicorn_conf.py's Supervisor: a thread starts them)."""
     tasks = Path(f"/proc/{master}/task").iterdir()
     children = [pid for task in tasks for pid in (task / "children").read_text().split()]
     return [int(pid) for pid in children if b"app.proxy_log" in Path(f"/proc/{pid}/cmdline").read_bytes()]

@@ -22,10 +22,10 @@ import requests
 import schemathesis
 
 from app.api import OPENAPI
-from app.embedded_triton import EmbeddedTriton
+from devstack import EmbeddedTriton
+from devstack.launch import ServedApp
 from tests.conftest import start_shim, stop_soon
 from tests.support import encode, photo
-from tools.launch import ServedApp
 
 pytestmark = pytest.mark.triton
 TOKEN = "openapi-admin-token-0123456789"

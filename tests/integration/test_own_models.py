@@ -2,7 +2,7 @@
 
 EfficientNet-Lite0 (pretrained, from PyPI; Resize(224), mean/std 127/255 and 128/255) and mobilenet_v3_small
 (10 classes, Resize(232, BICUBIC), seeded), both served by the session's Triton beside resnet50, each from its
-description (examples/models/<name>/model.toml, exported by tools/export_model.py). Per model: the legacy app
+description (examples/models/<name>/model.toml, exported by modelrepo/export.py). Per model: the legacy app
 (examples/legacy_app.py with that model's own torchvision transform, examples/transforms.py) and one shim
 (SHIM_MODEL_NAME=<name>, shadow mode, the override header on) answer the same uploads the same way through
 Triton and through the legacy backend; shadow comparisons match; a switch to triton takes effect; the uint8
@@ -27,15 +27,14 @@ import pytest
 import requests
 
 from app.description import ModelDescription, load
-from app.embedded_triton import EmbeddedTriton
 from app.preprocess import crop, decode, normalize
-from app.promtext import scrape, total
+from devstack import EmbeddedTriton, launch
+from devstack.launch import ServedApp
+from devstack.promtext import scrape, total
 from tests.conftest import ENCODED_OWN_MODELS, OWN_MODELS, stop_soon
 from tests.integration.test_encoded import decode_step, kinds, metric, triton_count
 from tests.support import ROOT, encode, photo, wait_until
 from tests.uploads import Upload, valid_uploads
-from tools import launch
-from tools.launch import ServedApp
 
 pytestmark = pytest.mark.triton
 TOKEN = "own-models-admin-token-0123"
@@ -175,7 +174,7 @@ def test_the_migration_report_is_a_go_for_mobilenet(triton: EmbeddedTriton, test
         (images / f"{i}.jpg").write_bytes(encode(photo(300 + 50 * i, 240, seed=300 + i)))
     out = tmp_path / "report"
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("SHIM_")}
-    done = subprocess.run([sys.executable, "-m", "app.report", str(images), "--triton-url", triton.http_url,
+    done = subprocess.run([sys.executable, "-m", "report", str(images), "--triton-url", triton.http_url,
                            "--model-repository", str(test_repo), "--model", "mobilenet_v3_small", "--warm-up", "1",
                            "--max-p99-ratio", "1000", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from app.embedded_triton import EmbeddedTriton
+from devstack import EmbeddedTriton
 from tests.conftest import start_shim
 from tests.support import wait_until
 

@@ -7,7 +7,7 @@ with a new name) and unregisters it once Triton lets it. Each answered image is 
 logits, computed beforehand (distinct images, distinct logits); the pairs in use when Triton stopped must be
 gone afterwards, from /dev/shm and from Triton's registry.
 
-Triton serves tools/standin_repo.py's numpy models (deterministic logits, one per slice of the input) with
+Triton serves modelrepo/standin.py's numpy models (deterministic logits, one per slice of the input) with
 a sleep of SLOW_S per image in the classifier: executions last, without taking the shared cores, and its two
 instances overlap, as a loaded GPU's would.
 """
@@ -30,9 +30,9 @@ import pytest
 
 from app.backends import shm
 from app.backends.triton import TritonBackend
-from app.embedded_triton import EmbeddedTriton
 from app.errors import BackendError
 from app.preprocess import ImageSpec, decode, prepare
+from devstack import EmbeddedTriton
 from tests.conftest import start_triton
 from tests.support import encode, photo, wait_until
 
@@ -54,13 +54,13 @@ def backend(url: str, transport: str, timeout_s: float = TIMEOUT_S) -> TritonBac
 
 @pytest.fixture
 def slow_triton(tmp_path: Path) -> Iterator[EmbeddedTriton]:
-    from tools.standin_repo import write_standin_repo
+    from modelrepo.standin import write_standin_repo
 
     repo = write_standin_repo(tmp_path / "triton_repo")
     model = repo / "resnet50" / "1" / "model.py"
     code = model.read_text()
     line = next((x for x in code.splitlines(keepends=True) if x.strip().startswith("merged = ")), None)
-    assert line, "tools/standin_models/near_free_classifier.py changed: update this test"
+    assert line, "modelrepo/triton_models/near_free_classifier.py changed: update this test"
     slowed = code.replace(line, line + f"        __import__('time').sleep({SLOW_S} * len(merged))\n")
     model.write_text(slowed)
     server = start_triton(repo, tmp_path / "cache")

@@ -1,4 +1,4 @@
-"""python -m app.report end to end: the real command against the real Triton, a real shim, and dead ones."""
+"""python -m report end to end: the real command against the real Triton, a real shim, and dead ones."""
 
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from app import promtext
-from app.embedded_triton import EmbeddedTriton
-from app.report.__main__ import main
+from devstack import EmbeddedTriton, promtext
+from devstack.launch import ServedApp
+from report.__main__ import main
 from tests.conftest import TEST_ARCH, make_test_repo, start_shim, start_triton, stop_soon
 from tests.support import ROOT, encode, free_ports, photo
-from tools.launch import ServedApp
 
 IMAGE_COUNT = 12
 # Latency is the benchmark's business (README, Tests): the runs here judge answers, not this shared machine's speed.
@@ -48,7 +47,7 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_report(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     """The command as a pipeline runs it, with no SHIM_* setting of the test run leaking in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHIM_")}
-    return subprocess.run([sys.executable, "-m", "app.report", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "report", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout_s, check=False)
 
 

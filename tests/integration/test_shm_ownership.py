@@ -19,7 +19,7 @@ import pytest
 
 from app.backends import shm
 from app.backends.triton import TritonBackend
-from app.embedded_triton import EmbeddedTriton
+from devstack import EmbeddedTriton
 from tests.support import ROOT
 
 pytestmark = pytest.mark.triton

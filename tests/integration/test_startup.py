@@ -19,7 +19,7 @@ from tests.support import ROOT
      "SHIM_TRITON_ADMIN_KEY_FILE='/nonexistent/key' cannot be read"),
 ])
 def test_gunicorn_refuses_to_start_with_a_bad_setting(env: dict[str, str], message: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"], cwd=ROOT,
+    result = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"], cwd=ROOT,
                             env={"PATH": "", **env}, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from app.embedded_triton import EmbeddedTriton
 from app.traffic import bucket
+from devstack import EmbeddedTriton
+from devstack.launch import ServedApp
 from tests.conftest import start_shim, stop_soon
 from tests.support import encode, metric_sum, photo, scrape, wait_until
-from tools.launch import ServedApp
 
 pytestmark = pytest.mark.triton
 TOKEN = "test-admin-token-0123456789"

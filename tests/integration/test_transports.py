@@ -14,11 +14,11 @@ import pytest
 
 from app.backends import shm
 from app.backends.triton import TritonBackend
-from app.embedded_triton import EmbeddedTriton
 from app.preprocess import ImageSpec, decode, prepare
+from devstack import EmbeddedTriton
+from devstack.launch import ServedApp
 from tests.conftest import start_shim
 from tests.support import encode, photo, wait_until
-from tools.launch import ServedApp
 
 SPEC = ImageSpec()
 IMAGES = [prepare(decode(encode(photo(640, 480, seed=40 + i), "JPEG"), SPEC), SPEC, fp32=False) for i in range(5)]

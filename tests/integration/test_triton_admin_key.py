@@ -2,7 +2,7 @@
 --http-restricted-api / --grpc-restricted-protocol), as `make run` starts it: without the key, unload and
 shared memory are refused; with it, the shim's shared memory transport works and a load succeeds.
 
-Triton serves tools/standin_repo.py's numpy models (a few seconds to start, no torch).
+Triton serves modelrepo/standin.py's numpy models (a few seconds to start, no torch).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import requests
 
 from app.backends import shm
 from app.backends.triton import TritonBackend
-from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig
-from app.embedded_triton.__main__ import parse_args
+from devstack import EmbeddedTriton, EmbeddedTritonConfig
+from devstack.__main__ import parse_args
 from tests.conftest import start_shim
 from tests.support import encode, free_ports, photo
 
@@ -31,7 +31,7 @@ HEADER = "triton-admin-key"
 
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
-    from tools.standin_repo import write_standin_repo
+    from modelrepo.standin import write_standin_repo
 
     tmp = tmp_path_factory.mktemp("locked-triton")
     http, grpc, metrics = free_ports(3)
@@ -85,7 +85,7 @@ def test_the_shim_needs_the_key_for_shared_memory_and_says_so(locked: EmbeddedTr
 
 def test_the_shim_with_the_key_from_a_file_sends_through_shared_memory_and_cleans_up(
         locked: EmbeddedTriton, test_model_pt: Path, tmp_path: Path) -> None:
-    from tools.export_model import write_labels
+    from modelrepo.export import write_labels
 
     labels = tmp_path / "repo" / "resnet50" / "labels.txt"
     labels.parent.mkdir(parents=True)
@@ -112,7 +112,7 @@ def test_the_shim_with_the_key_from_a_file_sends_through_shared_memory_and_clean
 
 
 def test_the_cli_reads_the_key_from_a_file_and_refuses_an_empty_one(tmp_path: Path) -> None:
-    from app.embedded_triton import EmbeddedTritonError
+    from devstack import EmbeddedTritonError
 
     secret = tmp_path / "key"
     secret.write_text(KEY + "\n")

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from app.backends.triton import TritonBackend, check_model
-from app.embedded_triton import EmbeddedTriton
 from app.errors import BackendTimeout, BackendUnavailable, ModelMismatch
+from devstack import EmbeddedTriton
 from tests.fakes import image
 
 pytestmark = pytest.mark.triton
@@ -34,7 +34,7 @@ def test_ready_model_with_matching_metadata(triton: EmbeddedTriton) -> None:
 
 
 @pytest.mark.parametrize(("model", "classes", "message"), [
-    ("pipeline", 1000, r"input 'raw_image' is UINT8 \[-1, -1, -1, 3\]; the shim sends FP32 \[-1, 3, 224, 224\]"),
+    ("resnet50_uint8", 1000, r"input 'input__0' is UINT8 \[-1, 224, 224, 3\]; the shim sends FP32 \[-1, 3, 224, 224\]"),
     ("resnet50", 10, r"output 'output__0' is FP32 \[-1, 1000\]; the shim expects FP32 \[-1, 10\]"),
     ("no_such_model", 1000, r"Triton model 'no_such_model' at .* is (unavailable|not ready)"),
 ])

@@ -1,6 +1,6 @@
 """Triton stopped under a running shim: contract 503s and readiness 503, then recovery on its own.
 
-Triton serves tools/standin_repo.py's copy of triton_repo (numpy models with the same interfaces): what is
+Triton serves modelrepo/standin.py's copy of triton_repo (numpy models with the same interfaces): what is
 tested is the shim's behaviour around a server that goes away, and a server without torch stubs starts in
 a few seconds (twice here).
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from app.embedded_triton import EmbeddedTriton
+from devstack import EmbeddedTriton
 from tests.conftest import start_shim, start_triton
 from tests.support import encode, metric_max, photo, scrape, wait_until
 
@@ -22,7 +22,7 @@ TIMEOUT_S = 3
 
 def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_path: Path,
                                                                          test_model_pt: Path) -> None:
-    from tools.standin_repo import write_standin_repo
+    from modelrepo.standin import write_standin_repo
 
     repo = write_standin_repo(tmp_path / "triton_repo")
     triton = start_triton(repo, tmp_path / "cache")

@@ -2,7 +2,7 @@
 the wheel's own tritonserver (the same 2.51 / 24.10 release): `tritonserver --help` lists every option and the
 APIs that --http-restricted-api takes.
 
-make compose-test and make k8s-test run the wheel's server through app.embedded_triton, not these command
+make compose-test and make k8s-test run the wheel's server through devstack, not these command
 lines (NGC's image cannot be had here), so a misspelt option would first show on a GPU host: this catches it.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.embedded_triton.wheel import find_wheel, server_environment
+from devstack.wheel import find_wheel, server_environment
 
 pytestmark = pytest.mark.triton
 ROOT = Path(__file__).resolve().parents[2]

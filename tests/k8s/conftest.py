@@ -1,6 +1,6 @@
-"""The pods' checks: only under `make k8s-test` (tools/k8s_test.py), never in `make test`.
+"""The pods' checks: only under `make k8s-test` (tests/k8s/driver.py), never in `make test`.
 
-They need podman and the images and .cache/k8s/play.yaml that tools/k8s_test.py makes first, so `pytest` skips
+They need podman and the images and .cache/k8s/play.yaml that tests/k8s/driver.py makes first, so `pytest` skips
 this folder at collection unless K8S_PODS=1 (which the driver sets). By hand, after a `make k8s-test` left the
 images and the files: `K8S_PODS=1 .venv/bin/pytest tests/k8s` (as root, under `flock /tmp/docker.lock`).
 """
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.k8s import driver as k8s_test
 from tests.k8s.kubelet import Pods, Target, check_env_names, check_started_as_written, expected_env, wait_ready
 from tests.support import wait_until
-from tools import k8s_test
 
 collect_ignore_glob = [] if os.environ.get("K8S_PODS") == "1" else ["test_*.py"]
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from tools import k8s_test
-from tools.k8s_test import Plan, container_name, container_port, named, of_kind, pod_name, pod_spec, podman
+from tests.k8s import driver as k8s_test
+from tests.k8s.driver import Plan, container_name, container_port, named, of_kind, pod_name, pod_spec, podman
 
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 KUBE_PROBE_AGENT = "kube-probe/1.32"  # what kubelet 1.32 sends

@@ -1,7 +1,7 @@
 """deploy/k8s's Deployments, played as pods by podman and checked as a kubelet would (run by `make k8s-test`).
 
 The pods are .cache/k8s/play.yaml: `kubectl kustomize deploy/k8s` with the play-only changes that
-tools/k8s_test.py lists (local images, one replica, ports on 127.0.0.1, Services as hostAliases, the CI
+tests/k8s/driver.py lists (local images, one replica, ports on 127.0.0.1, Services as hostAliases, the CI
 Triton's command, a local model repository, emptyDirs as a kubelet makes them). Names, ports, paths, probes,
 env and commands come from that file, never from here. The tests run in this order and share the pods; the
 last one stops them.
@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import requests
 
+from tests.k8s import driver as k8s_test
 from tests.k8s.conftest import check_pod, names_read
+from tests.k8s.driver import ENTRY, MUTATIONS, named, of_kind, pod_port, pod_spec, podman, selects
 from tests.k8s.kubelet import (
     PROBES,
     Pods,
@@ -29,8 +31,6 @@ from tests.k8s.kubelet import (
     stop_pod,
 )
 from tests.support import encode, photo, standin_answer, wait_until
-from tools import k8s_test
-from tools.k8s_test import ENTRY, MUTATIONS, named, of_kind, pod_port, pod_spec, podman, selects
 
 if os.environ.get("K8S_PODS") != "1":  # named on the command line, collect_ignore does not apply
     pytest.skip("the pods run under `make k8s-test` (K8S_PODS=1)", allow_module_level=True)
@@ -143,8 +143,8 @@ def test_the_traffic_configmap_switches_the_shim_without_a_restart(pods: Pods, r
 
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_a_broken_manifest_fails_these_checks(pods: Pods, ready: dict[str, str], mutation: str) -> None:
-    """The entry pod replayed with one mistake (tools/k8s_test.py mutate): the checks above must fail on it, and
-    say what is wrong. `tools/k8s_test.py --mutate` runs a whole make k8s-test on such manifests."""
+    """The entry pod replayed with one mistake (tests/k8s/driver.py mutate): the checks above must fail on it, and
+    say what is wrong. `tests/k8s/driver.py --mutate` runs a whole make k8s-test on such manifests."""
     mutated, what = k8s_test.mutate(pods.played, mutation)
     broken = Pods(mutated, pods.plan)
     replay(broken, f"mutant-{mutation}")

@@ -28,11 +28,11 @@ import pytest
 
 from app.preprocess import ImageSpec, decode, to_tensor
 from app.scores import best, softmax
-from app.waiting import wait_for_http
+from devstack import launch
+from devstack.waiting import wait_for_http
+from requirements.lock import read_pins
 from tests.support import ROOT, encode, photo
 from tests.uploads import valid_uploads
-from tools import launch
-from tools.lock import read_pins
 
 pytestmark = [pytest.mark.prod, pytest.mark.integration]
 
@@ -99,15 +99,15 @@ for i in range(count):
 
 @pytest.fixture(scope="module")
 def dev_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """.venv's embedded Triton (the wheel's server, numpy 1.26) serving tools/standin_repo.py's numpy copy
+    """.venv's embedded Triton (the wheel's server, numpy 1.26) serving modelrepo/standin.py's numpy copy
     of triton_repo: the committed configs, with a near-free `resnet50` whose answer is a formula."""
     work = tmp_path_factory.mktemp("dev-triton")
     repo = work / "repo"
-    dev("import runpy, sys; sys.argv = ['standin_repo', sys.argv[1]]; runpy.run_path('tools/standin_repo.py', "
+    dev("import runpy, sys; sys.argv = ['standin_repo', sys.argv[1]]; runpy.run_path('modelrepo/standin.py', "
         "run_name='__main__')", repo)
     http, grpc, metrics = (launch.free_port() for _ in range(3))
     log = (work / "triton.log").open("wb")
-    server = subprocess.Popen([str(DEV_PYTHON), "-m", "app.embedded_triton", "--model-repository", str(repo),
+    server = subprocess.Popen([str(DEV_PYTHON), "-m", "devstack", "--model-repository", str(repo),
                                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                                "--cache-dir", str(work / "cache"), "--quiet"],
                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -118,7 +118,7 @@ def dev_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
                       f"it exited ({server.returncode}):\n{(work / 'triton.log').read_text()[-3000:]}")
         yield url, repo
     finally:
-        server.send_signal(signal.SIGTERM)  # app.embedded_triton stops the server and removes its shm files
+        server.send_signal(signal.SIGTERM)  # devstack stops the server and removes its shm files
         try:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -128,7 +128,7 @@ def dev_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
 
 
 def standin_logits(tensor: np.ndarray, classes: int) -> np.ndarray:
-    """tools/standin_models/near_free_classifier.py's answer for one image: logit k is the sum of the k-th of
+    """modelrepo/triton_models/near_free_classifier.py's answer for one image: logit k is the sum of the k-th of
     `classes` equal slices of the flattened input."""
     flat = tensor.reshape(1, -1).astype(np.float32)
     bounds = np.linspace(0, flat.shape[1], classes + 1)[:-1].astype(np.int64)

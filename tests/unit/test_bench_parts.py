@@ -19,8 +19,8 @@ def test_instances_variant_has_no_dynamic_batching(tmp_path: Path) -> None:
     """Configuration (2)'s repository, as bench/stack.py writes it for Triton: no batching, 2 instances."""
     from google.protobuf import text_format
 
-    from app.embedded_triton.cpu_repo import read_config
     from bench import stack
+    from devstack.cpu_repo import read_config
 
     model_pt = tmp_path / "model.pt"
     model_pt.write_bytes(b"not read")

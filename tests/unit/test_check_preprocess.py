@@ -1,4 +1,4 @@
-"""tools/check_preprocess.py: each model the tests use, its legacy transform against the shim, on generated images.
+"""modelrepo/check.py: each model the tests use, its legacy transform against the shim, on generated images.
 
 PASS needs every tensor bit-exact; a step the shim cannot reproduce is named (a Lambda, a ColorJitter), as is
 a value that differs from the description, with the field to set.
@@ -12,9 +12,9 @@ import pytest
 
 from app.description import load
 from examples import transforms as team
+from modelrepo.check import FAIL, PASS, USAGE, check, main
 from tests.support import ROOT, TRITON_REPO, encode, photo
 from tests.uploads import valid_uploads
-from tools.check_preprocess import FAIL, PASS, USAGE, check, main
 
 # Every model the tests serve (tests/conftest.py): the description, and the transform of its legacy app.
 MODELS = {"resnet50": TRITON_REPO / "resnet50" / "model.toml",

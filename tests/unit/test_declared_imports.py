@@ -7,10 +7,10 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
+from requirements.lock import canonical, read_pyproject, requirement_name
 from tests.support import ROOT
-from tools.lock import canonical, read_pyproject, requirement_name
 
-OWN = {"app", "tools", "tests", "bench", "examples"}
+OWN = {"app", "modelrepo", "report", "devstack", "requirements", "tests", "bench", "examples"}
 PROVIDED = {"triton_python_backend_utils"}  # Triton's python backend provides it to the models it runs
 
 
@@ -29,9 +29,9 @@ def imports(path: Path) -> set[str]:
 
 
 def test_every_third_party_import_is_declared_where_it_runs() -> None:
-    """app/ (the production image) may import only [project].dependencies, plus the local-triton extra in
-    app/embedded_triton/ and app/triton_models/ (code that runs inside Triton) and the legacy extra's torch;
-    tools/, bench/, tests/, examples/ anything declared."""
+    """app/ (the production image) and report/ (which runs in it) may import only [project].dependencies and the
+    legacy extra's torch; the development packages (modelrepo/, devstack/, bench/, tests/, examples/) anything
+    declared."""
     pyproject = read_pyproject()
     project = pyproject["project"]
     extras: dict[str, list[str]] = project["optional-dependencies"]  # type: ignore[index]
@@ -44,14 +44,12 @@ def test_every_third_party_import_is_declared_where_it_runs() -> None:
     everything = production | {n for reqs in [*extras.values(), *groups.values()] for n in names(reqs)}
     distributions = importlib.metadata.packages_distributions()
     missing = []
-    for folder in ("app", "tools", "bench", "tests", "examples"):
+    for folder in ("app", "report", "modelrepo", "devstack", "requirements", "bench", "tests", "examples"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             relative = path.relative_to(ROOT)
             allowed = everything
-            if folder == "app":
+            if folder in ("app", "report"):
                 allowed = production | names(extras["legacy"])
-                if {"embedded_triton", "triton_models"} & set(relative.parts):
-                    allowed = allowed | names(extras["local-triton"])
             for module in sorted(imports(path)):
                 providers = {canonical(d) for d in distributions.get(module, [])}
                 if not providers:

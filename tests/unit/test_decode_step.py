@@ -1,4 +1,4 @@
-"""The encoded transport's decode step (app/triton_models/decode.py, copied into every generated <name>_decode)
+"""The encoded transport's decode step (modelrepo/triton_models/decode.py, copied into every generated <name>_decode)
 in this process: its resize, crop and normalise against the shim's own preprocessing (the legacy app's tensor),
 for every interpolation it takes, with a model's own geometry, max_size and CenterCrop's padding. Triton's
 copy of the same code is run by tests/integration/test_encoded.py and test_own_models.py."""
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import model_repo
 from app.description import ENCODED_INTERPOLATIONS, INTERPOLATIONS, ModelDescription, parse
 from app.preprocess import resized_size, to_tensor
-from app.triton_models import decode
+from modelrepo import generate as model_repo
+from modelrepo.triton_models import decode
 from tests.support import photo
 
 # (resize, crop, max_size): mobilenet_v3_small's; EfficientNet-Lite0's (the crop fills the short side); max_size

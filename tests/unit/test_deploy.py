@@ -25,6 +25,8 @@ import pytest
 import yaml
 
 from app.settings import Settings
+from devstack import proxy
+from devstack.launch import free_port
 from tests.deploy_support import (
     COMPOSE,
     DOCKERFILES,
@@ -50,8 +52,6 @@ from tests.deploy_support import (
     yaml_docs,
 )
 from tests.support import ROOT
-from tools import proxy
-from tools.launch import free_port
 
 K8S_VERSIONS = ["1.29", "1.37"]  # the oldest Kubernetes still commonly run, the newest the validator ships
 SETTINGS_VARS = {f"SHIM_{f.name.upper()}" for f in dataclasses.fields(Settings)}
@@ -183,7 +183,7 @@ def test_compose_profiles_and_mounted_files() -> None:
     assert services["prometheus"]["profiles"] == ["monitoring"] and services["grafana"]["profiles"] == ["monitoring"]
     export = services["model-export"]
     assert export["profiles"] == ["export"] and export["build"]["args"]["WITH_LEGACY"] == "1"
-    assert (ROOT / export["entrypoint"][1]).is_file()
+    assert export["entrypoint"][0] == "shim-export"  # a console script of the installed project
     for name, service in services.items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
@@ -209,7 +209,7 @@ def test_the_shim_image_copies_sources_that_exist_and_that_dockerignore_lets_thr
     assert {".venv", ".cache", "triton_repo/*/[0-9]*/model.pt"} <= set(ignored)
     copies = [args.split() for op, args in dockerfile_instructions(ROOT / "Dockerfile") if op == "COPY"]
     sources = [src for words in copies if not words[0].startswith("--from") for src in words[:-1]]
-    assert "gunicorn.conf.py" in sources and "app" in sources
+    assert "app" in sources
     for src in sources:
         assert (ROOT / src).exists(), src
         assert not any(fnmatch.fnmatch(src, pattern) for pattern in ignored), f"{src} is excluded by .dockerignore"
@@ -219,7 +219,7 @@ def test_the_shim_image_runs_gunicorn_as_non_root_with_a_healthcheck() -> None:
     steps = dockerfile_instructions(ROOT / "Dockerfile")
     last = {op: args for op, args in steps}  # the runtime stage's, as the image keeps them
     assert last["USER"].split(":")[0] not in {"0", "root"}
-    assert last["ENTRYPOINT"] == '["gunicorn", "-c", "gunicorn.conf.py"]'
+    assert last["ENTRYPOINT"] == '["shim-serve"]'
     assert "/healthz" in last["HEALTHCHECK"] and "curl" not in last["HEALTHCHECK"]
     assert ("ARG", "WITH_LEGACY=0") in steps  # the slim image is the default
 
@@ -348,7 +348,7 @@ def test_network_policies_admit_triton_from_shim_pods_and_prometheus_only() -> N
 
 
 def graceful_timeout() -> int:
-    match = re.search(r"^graceful_timeout = (\d+)", (ROOT / "gunicorn.conf.py").read_text(), re.M)
+    match = re.search(r"^graceful_timeout = (\d+)", (ROOT / "app" / "gunicorn_conf.py").read_text(), re.M)
     assert match
     return int(match.group(1))
 
@@ -485,7 +485,7 @@ def test_every_shim_pod_watches_the_fleet_traffic_configmap() -> None:
 
 CPU_OVERRIDE = ROOT / "docker-compose.cpu.yml"
 CI_OVERRIDE = ROOT / "tests" / "compose" / "ci.yml"
-CI_DOCKERFILES = sorted((ROOT / "tests" / "compose").glob("*.Dockerfile"))
+CI_DOCKERFILES = sorted((ROOT / "docker").glob("*.Dockerfile"))
 RESET = object()  # compose's `!reset` tag: the key is removed from the merged file
 
 
@@ -526,7 +526,7 @@ def merged_with(override: Path) -> dict[str, Any]:
 def gpu_models() -> list[str]:
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from app.embedded_triton.cpu_repo import model_dirs, read_config
+    from devstack.cpu_repo import model_dirs, read_config
 
     return sorted(name for name, folder in model_dirs(ROOT / "triton_repo").items()
                   if any(g.kind == mc.ModelInstanceGroup.KIND_GPU for g in read_config(folder / "config.pbtxt")
@@ -543,7 +543,7 @@ def test_the_models_that_ask_for_a_gpu_are_the_ones_with_a_cpu_config() -> None:
 def test_a_cpu_config_is_the_default_config_with_cpu_instances(model: str) -> None:
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from app.embedded_triton.cpu_repo import read_config
+    from devstack.cpu_repo import read_config
 
     default = read_config(ROOT / "triton_repo" / model / "config.pbtxt")
     cpu = read_config(ROOT / "triton_repo" / model / "configs" / "cpu.pbtxt")
@@ -611,14 +611,14 @@ def test_the_ci_override_swaps_only_images_the_gpu_and_the_model_repository(tmp_
 
 
 def test_the_ci_triton_command_is_what_app_embedded_triton_accepts() -> None:
-    """docker-compose.yml's script with its keys, in front of app.embedded_triton, which passes what follows
+    """docker-compose.yml's script with its keys, in front of devstack, which passes what follows
     `--` (the restricted APIs the script appends) on to tritonserver."""
-    from app.embedded_triton.__main__ import parse_args
+    from devstack.__main__ import parse_args
 
     command = compose_override(CI_OVERRIDE)["services"]["triton"]["command"]
     assert command[:4] == compose()["services"]["triton"]["command"][:4]  # sh -c SCRIPT NAME, unchanged
     _, args = triton_command(command)
-    assert args[:3] == ["python", "-m", "app.embedded_triton"] and args[-1] == "--"
+    assert args[:3] == ["python", "-m", "devstack"] and args[-1] == "--"
     config = parse_args([*args[3:], "--http-restricted-api=shared-memory:k=v"])
     assert config.host == "0.0.0.0" and str(config.model_repository) == "/models"
     assert config.model_control_mode == "explicit"  # as docker-compose.yml's --model-control-mode=explicit
@@ -815,7 +815,7 @@ def shim_settings(where: str) -> Settings:
 @pytest.mark.parametrize("where", ["compose", "kubernetes"])
 def test_the_proxy_and_the_shim_agree_on_their_limits_wherever_both_are_set(where: str) -> None:
     """PROXY_MAX_BODY_MB = SHIM_MAX_UPLOAD_MB, PROXY_MAX_INFLIGHT <= SHIM_MAX_PENDING, the access log's port
-    (README "The proxy in front of gunicorn"), as tools/proxy.py checks them for the tests."""
+    (README "The proxy in front of gunicorn"), as devstack/proxy.py checks them for the tests."""
     settings, values = shim_settings(where), deployed_proxy_values(where)
     proxy.check_limits(values, settings)
     assert settings.proxy_log_address  # behind nginx, nginx's answers are counted
@@ -919,7 +919,7 @@ def test_the_proxy_agrees_with_the_shims_settings() -> None:
     assert k8s_proxy()["readinessProbe"]["timeoutSeconds"] > seconds(directive_in(edge, "proxy_read_timeout",
                                                                                  "= /readyz"))
     # Upstream keep-alive: nginx drops an idle connection before gunicorn does, never reusing one it closes.
-    gunicorn = re.search(r"^keepalive = (\d+)", (ROOT / "gunicorn.conf.py").read_text(), re.M)
+    gunicorn = re.search(r"^keepalive = (\d+)", (ROOT / "app" / "gunicorn_conf.py").read_text(), re.M)
     upstream = re.search(r"upstream shim \{.*?keepalive_timeout (\w+);", NGINX_TEMPLATE.read_text(), re.S)
     assert gunicorn and upstream and seconds(upstream.group(1)) < int(gunicorn.group(1))
     inner = re.search(r"upstream shim_admission \{.*?keepalive_timeout (\w+);", NGINX_TEMPLATE.read_text(), re.S)

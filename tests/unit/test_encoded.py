@@ -182,7 +182,7 @@ def test_shadow_sends_triton_the_upload_as_the_encoded_transport_would(tmp_path:
         results = {r: metrics.SHADOW_COMPARISONS.labels(r)._value.get() for r in metrics.SHADOW_RESULTS}
         assert made.predict(JPEG).headers["X-Shim-Backend"] == "legacy"
         assert made.predict(encode(RGB, "PNG")).status_code == 200
-        from app.waiting import wait_until
+        from devstack.waiting import wait_until
 
         def compared() -> float:
             return sum(metrics.SHADOW_COMPARISONS.labels(r)._value.get() - results[r] for r in ("match", "mismatch"))

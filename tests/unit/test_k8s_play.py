@@ -1,4 +1,4 @@
-"""make k8s-test's play-only changes and broken variants (tools/k8s_test.py), checked without running a pod.
+"""make k8s-test's play-only changes and broken variants (tests/k8s/driver.py), checked without running a pod.
 
 The pods themselves run under `make k8s-test` (tests/k8s). Here: what it plays differs from what kustomize
 renders only where the README's "Kubernetes in CI" says, and each broken variant changes exactly one thing.
@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tools import compose_test, k8s_test
+from tests.compose import driver as compose_test
+from tests.k8s import driver as k8s_test
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""tools/lock.py and the lock files it wrote: `make install`'s check, the chaining of requirements/*.txt."""
+"""requirements/lock.py and the lock files it wrote: `make install`'s check, the chaining of requirements/*.txt."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from requirements import lock
+from requirements.lock import LOCKS, Pin, cuda_only, differences, inputs, python_problem, read_pins, read_pyproject
 from tests.support import ROOT
-from tools import lock
-from tools.lock import LOCKS, Pin, cuda_only, differences, inputs, python_problem, read_pins, read_pyproject
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
 

@@ -1,6 +1,6 @@
 """The model description (app/description.py): its readers, the files generated from it, and its errors.
 
-One description, many readers: the committed configs of triton_repo/ must be exactly what app/model_repo.py
+One description, many readers: the committed configs of triton_repo/ must be exactly what modelrepo/generate.py
 writes from triton_repo/resnet50/model.toml, and a wrong description stops the export or the shim's start with
 a message that names the field and the fix.
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from app import model_repo
 from app.description import DescriptionError, load, parse, resolve
 from app.settings import Settings
+from modelrepo import export as export_model
+from modelrepo import generate as model_repo
 from tests.support import ROOT, TRITON_REPO
-from tools import export_model
 
 EXAMPLES = sorted((ROOT / "examples" / "models").glob("*/model.toml"))
 DEFAULT = TRITON_REPO / "resnet50" / "model.toml"
@@ -45,10 +45,10 @@ def test_the_committed_configs_are_what_the_default_description_generates() -> N
     for rel, text in files.items():
         if model_repo.copied(rel):  # the decode step's code: a copy the export writes, never committed
             assert f"triton_repo/{rel.as_posix()}" not in committed, rel
-            assert text == (ROOT / "app" / "triton_models" / "decode.py").read_text()
+            assert text == (ROOT / "modelrepo" / "triton_models" / "decode.py").read_text()
             continue
         assert f"triton_repo/{rel.as_posix()}" in committed, rel
-        assert (TRITON_REPO / rel).read_text() == text, f"{rel} differs: `python tools/export_model.py --configs-only`"
+        assert (TRITON_REPO / rel).read_text() == text, f"{rel} differs: `python modelrepo/export.py --configs-only`"
     ignored = subprocess.run(["git", "check-ignore", "-q", "triton_repo/resnet50_decode/1/model.py"], cwd=ROOT,
                              check=False)
     assert ignored.returncode == 0, "the decode step's model.py copy must be ignored by git"
@@ -56,7 +56,7 @@ def test_the_committed_configs_are_what_the_default_description_generates() -> N
 
 def test_make_export_leaves_nothing_stale() -> None:
     stale = model_repo.stale(load(DEFAULT), TRITON_REPO)  # the model.py copy included: `make export` writes it
-    assert stale == [], f"{stale}: run `make export` (or tools/export_model.py --configs-only)"
+    assert stale == [], f"{stale}: run `make export` (or modelrepo/export.py --configs-only)"
 
 
 def test_the_defaults_are_todays_resnet50() -> None:

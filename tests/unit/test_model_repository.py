@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from app.embedded_triton import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTritonError
-from app.embedded_triton.cpu_repo import cpu_config, read_config, sync_cpu_repo
-from app.embedded_triton.wheel import TritonWheel, find_wheel
 from app.preprocess import ImageSpec
+from devstack import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTritonError
+from devstack.cpu_repo import cpu_config, read_config, sync_cpu_repo
+from devstack.wheel import TritonWheel, find_wheel
 from tests.support import ROOT, TRITON_REPO, free_ports
 
 MODELS = sorted(p.parent.name for p in TRITON_REPO.glob("*/config.pbtxt"))
@@ -27,9 +27,8 @@ def tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def test_the_repository_holds_its_seven_models() -> None:
-    assert MODELS == ["normalize", "pipeline", "preprocess", "resnet50", "resnet50_decode", "resnet50_encoded",
-                      "resnet50_uint8"]
+def test_the_repository_holds_what_the_default_description_generates() -> None:
+    assert MODELS == ["normalize", "resnet50", "resnet50_decode", "resnet50_encoded", "resnet50_uint8"]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -50,24 +49,6 @@ def test_resnet50_config_is_the_articles() -> None:
     assert list(c.dynamic_batching.preferred_batch_size) == [8, 16, 32]
     assert c.dynamic_batching.max_queue_delay_microseconds == 500
     assert c.optimization.input_pinned_memory.enable
-
-
-def test_ensemble_maps_name_tensors_that_exist() -> None:
-    pipeline = read_config(TRITON_REPO / "pipeline" / "config.pbtxt")
-    assert pipeline.platform == "ensemble"
-    available = {i.name for i in pipeline.input}
-    for step in pipeline.ensemble_scheduling.step:
-        model = read_config(TRITON_REPO / step.model_name / "config.pbtxt")
-        assert model.max_batch_size >= pipeline.max_batch_size
-        assert set(step.input_map) == {i.name for i in model.input}, step.model_name
-        assert set(step.input_map.values()) <= available, f"{step.model_name} reads a tensor nobody made"
-        assert set(step.output_map) <= {o.name for o in model.output}, step.model_name
-        available |= set(step.output_map.values())
-    assert {o.name for o in pipeline.output} <= available
-    (raw,) = pipeline.input
-    assert (raw.name, raw.data_type, list(raw.dims)) == ("raw_image", mc.TYPE_UINT8, [-1, -1, 3])
-    (result,) = pipeline.output
-    assert (result.name, result.data_type, list(result.dims)) == ("classification_result", mc.TYPE_FP32, [1000])
 
 
 def test_the_encoded_ensemble_feeds_the_decode_steps_tensor_to_resnet50() -> None:
@@ -98,16 +79,9 @@ def test_the_decode_step_reads_the_legacy_transforms_from_its_parameters() -> No
     assert tuple(float(x) for x in params["mean"].split(",")) == spec.mean
     assert tuple(float(x) for x in params["std"].split(",")) == spec.std
     assert list(step.output[0].dims) == [3, spec.crop, spec.crop]
-    source = (ROOT / "app" / "triton_models" / "decode.py").read_text()  # every <name>_decode/1/model.py
+    source = (ROOT / "modelrepo" / "triton_models" / "decode.py").read_text()  # every <name>_decode/1/model.py
     for number in ("256", "224", "0.485", "0.229"):  # the numbers live in the config, not the code
         assert number not in source, number
-
-
-def test_preprocess_model_imports_only_numpy_and_pillow() -> None:
-    source = (TRITON_REPO / "preprocess" / "1" / "model.py").read_text()
-    imports = {line.split()[1].split(".")[0] for line in source.splitlines()
-               if line.startswith(("import ", "from "))}
-    assert imports <= {"__future__", "json", "numpy", "PIL", "triton_python_backend_utils"}, imports
 
 
 def test_cpu_config_turns_libtorch_into_the_python_stand_in_and_keeps_the_rest() -> None:
@@ -224,25 +198,14 @@ def test_a_config_older_than_its_description_stops_the_embedded_server(tmp_path:
     server = EmbeddedTriton(EmbeddedTritonConfig(model_repository=repo, cache_dir=tmp_path / "cache"))
     with pytest.raises(EmbeddedTritonError, match=r"config.pbtxt is older than resnet50/model.toml: interpolation "
                                                   r"'bilinear' \(the description: 'bicubic'\)\. Run `python "
-                                                  r"tools/export_model.py --model resnet50`"):
+                                                  r"modelrepo/export.py --model resnet50`"):
         server.start()
-
-
-def test_the_preprocess_model_carries_the_default_descriptions_preprocessing() -> None:
-    """preprocess (numpy, Triton-side) is the default model's: its parameters are resnet50's description's."""
-    from app.description import load
-
-    described = load(TRITON_REPO / "resnet50" / "model.toml").parameters()
-    params = {k: v.string_value for k, v in read_config(TRITON_REPO / "preprocess" / "config.pbtxt").parameters.items()}
-    assert {k: params[k] for k in ("resize", "crop", "mean", "std")} == {k: described[k] for k in
-                                                                       ("resize", "crop", "mean", "std")}
-    assert described["interpolation"] == "bilinear"  # what preprocess/1/model.py does
 
 
 def test_a_decode_step_older_than_its_description_or_the_shims_code_stops_the_embedded_server(tmp_path: Path) -> None:
     import shutil
 
-    from app.embedded_triton.cpu_repo import check_model_files
+    from devstack.cpu_repo import check_model_files
 
     repo = tmp_path / "repo"
     for name in ("resnet50", "resnet50_decode"):
@@ -258,13 +221,13 @@ def test_a_decode_step_older_than_its_description_or_the_shims_code_stops_the_em
                                                   r"resnet50/model.toml or the shim: color not served, the "
                                                   r"description says 'convert'; interpolation='bicubic', the "
                                                   r"description says 'bilinear'; max_size='300', which the "
-                                                  r"description does not set\. Run `python tools/export_model.py "
+                                                  r"description does not set\. Run `python modelrepo/export.py "
                                                   r"--model resnet50`"):
         check_model_files(repo)
     shutil.copy(TRITON_REPO / "resnet50_decode" / "config.pbtxt", config)
     code = repo / "resnet50_decode" / "1" / "model.py"
     code.write_text(code.read_text() + "\n# an older copy\n")
-    with pytest.raises(EmbeddedTritonError, match=r"1/model.py \(not the shim's app/triton_models/decode.py\)"):
+    with pytest.raises(EmbeddedTritonError, match=r"1/model.py \(not the shim's modelrepo/triton_models/decode.py\)"):
         check_model_files(repo)
     code.unlink()
     with pytest.raises(EmbeddedTritonError, match=r"resnet50_decode/<version>/model.py is missing .*run `make export`"):

@@ -97,7 +97,7 @@ def test_the_dashboard_has_the_panels_operators_watch_on_the_provisioned_datasou
 
 
 def test_gunicorn_builds_no_access_line_that_its_logger_would_drop() -> None:
-    """gunicorn.conf.py's logger: the access logger is at WARNING (app/logs.py), so a request costs no
+    """app/gunicorn_conf.py's logger: the access logger is at WARNING (app/logs.py), so a request costs no
     access-line atoms; set it to INFO and the line is built and written again."""
     import logging
 

@@ -1,4 +1,4 @@
-"""app/percentiles.py: the nearest-rank definition every printed p50/p99 uses, and who uses it."""
+"""report/percentiles.py: the nearest-rank definition every printed p50/p99 uses, and who uses it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.percentiles import percentile
+from report.percentiles import percentile
 from tests.support import ROOT
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
@@ -42,4 +42,4 @@ def test_every_percentile_the_project_computes_goes_through_app_percentiles() ->
                 if isinstance(node, ast.Attribute) and node.attr in others and isinstance(node.value, ast.Name) \
                         and node.value.id in {"np", "numpy", "statistics"}:
                     found.append(f"{Path(path).relative_to(ROOT)}:{node.lineno} {node.value.id}.{node.attr}")
-    assert not found, "use app.percentiles.percentile: " + ", ".join(found)
+    assert not found, "use report.percentiles.percentile: " + ", ".join(found)

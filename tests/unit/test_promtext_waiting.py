@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app import promtext
-from app.waiting import WaitTimeout, wait_until
+from devstack import promtext
+from devstack.waiting import WaitTimeout, wait_until
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
 

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from app import proxy_log
 from app.metrics import PROXY_PATHS, PROXY_REASONS
-from app.waiting import wait_until
+from devstack.waiting import wait_until
 
 
 def line(status: object, path: str = "/predict", refusal: str = "") -> bytes:
@@ -48,7 +48,7 @@ def test_what_is_not_an_access_log_line_is_none(datagram: bytes) -> None:
 
 def test_every_reason_nginx_gives_is_a_label_value() -> None:
     """The reasons of deploy/nginx/nginx.conf.template's map $shim_refusal are the ones counted as themselves."""
-    from tools.proxy import TEMPLATE
+    from devstack.proxy import TEMPLATE
 
     text = TEMPLATE.read_text()
     block = text[text.index("$shim_refusal {"):text.index("}", text.index("$shim_refusal {"))]

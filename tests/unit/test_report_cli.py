@@ -1,4 +1,4 @@
-"""python -m app.report's usage errors: exit code 2 and one line that says what to fix; no server is asked."""
+"""python -m report's usage errors: exit code 2 and one line that says what to fix; no server is asked."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.report import EXIT_USAGE
-from app.report.__main__ import Progress, main, share
-from tools.sample_images import encode, photo
+from report import EXIT_USAGE
+from report.__main__ import Progress, main, share
+from tests.sample_images import encode, photo
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
 
@@ -102,7 +102,7 @@ class Terminal(io.StringIO):
 
 
 def test_progress_is_a_line_on_a_terminal_and_silent_elsewhere() -> None:
-    from app.report.compare import Outcome
+    from report.compare import Outcome
 
     terminal, pipe = Terminal(), io.StringIO()
     for stream in (terminal, pipe):

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from app.report.compare import LEGACY, TRITON, Agreement, Answer, Outcome, summarize
-from app.report.render import CSV_COLUMNS, ROWS_LISTED, Report, html, markdown, results_csv, thumbnail_from, write
-from app.report.svg import nice_step
-from app.report.verdict import Thresholds, judge
+from report.compare import LEGACY, TRITON, Agreement, Answer, Outcome, summarize
+from report.render import CSV_COLUMNS, ROWS_LISTED, Report, html, markdown, results_csv, thumbnail_from, write
+from report.svg import nice_step
+from report.verdict import Thresholds, judge
+from tests.sample_images import encode, photo
 from tests.unit.test_report_verdict import outcome
-from tools.sample_images import encode, photo
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
 

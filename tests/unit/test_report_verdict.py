@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from app.contract import Prediction
-from app.report.compare import (
+from report.compare import (
     LEGACY,
     TRITON,
     Agreement,
@@ -17,7 +17,7 @@ from app.report.compare import (
     summarize,
     worst,
 )
-from app.report.verdict import Thresholds, judge, percent
+from report.verdict import Thresholds, judge, percent
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
 

@@ -1,0 +1,107 @@
+"""gunicorn settings for the shim: `gunicorn -c python:app.gunicorn_conf` (the app is named below).
+
+Everything comes from the same SHIM_* settings the app reads; a bad value stops the master before any
+worker starts, with a message that names the variable.
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from app.capabilities import check_start, legacy_lacks
+from app.description import resolve
+from app.logs import gunicorn_logconfig
+from app.malloc import give_back_large_buffers
+from app.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from app.proxy_log import Supervisor
+
+try:
+    _settings = Settings.from_env()
+    served = resolve(_settings)  # the model's description and labels: a wrong one stops the master too
+    check_start(_settings, legacy_lacks(served.legacy_model_path))  # e.g. SHIM_MODE=legacy without torch
+except SettingsError as _error:
+    sys.stderr.write(f"flask-triton-shim: {_error}\n")
+    sys.exit(2)
+
+# Uploads and decoded images are large buffers of one request each: freed ones go back to the system instead
+# of staying in a thread's malloc arena (app/malloc.py; a worker's peak under the worst input: 4.5 -> 2.1 GiB).
+give_back_large_buffers()
+
+wsgi_app = "app:create_app()"
+bind = f"{_settings.host}:{_settings.port}"
+workers = _settings.workers
+worker_class = "gthread"
+threads = _settings.threads
+# Never preload: tritonclient's HTTP client breaks when created before a fork, and torch with it.
+preload_app = False
+timeout = 60
+graceful_timeout = 20
+keepalive = 5
+accesslog = None  # the app logs every /predict as one JSON line with its request ID
+errorlog = "-"
+loglevel = _settings.log_level.lower()
+logconfig_dict = gunicorn_logconfig(_settings.log_level)  # every line JSON: gunicorn's own and warnings too
+logger_class = "app.gunicorn_logger.QuietAccessLogger"  # no access-line work for a line that is dropped
+control_socket_disable = True  # gunicorn >= 25: several shims on one host would share one socket
+
+# Folders made for this run only, removed when gunicorn exits.
+_scratch: list[str] = []
+
+# prometheus_client multiprocess mode: every worker writes its metrics to this folder.
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="shim-metrics-")
+    _scratch.append(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+_metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+
+# The traffic flag file that all workers watch. Unset, each run gets its own (switches last until a
+# restart); set SHIM_FLAG_FILE to a path on a volume to keep a switch, or a rollback, across restarts.
+if not os.environ.get("SHIM_FLAG_FILE"):
+    _flag_dir = tempfile.mkdtemp(prefix="shim-traffic-")
+    os.environ["SHIM_FLAG_FILE"] = os.path.join(_flag_dir, "traffic.json")
+    _scratch.append(_flag_dir)
+
+
+def on_starting(server: Any) -> None:
+    """Values left by an earlier run would be added to this one's."""
+    shutil.rmtree(_metrics_dir, ignore_errors=True)
+    os.makedirs(_metrics_dir, exist_ok=True)
+
+
+# Behind nginx (SHIM_PROXY_LOG_ADDRESS set): nginx's answers counted in /metrics by a process of the master's.
+_proxy_log: "list[Supervisor]" = []
+
+
+def when_ready(server: Any) -> None:
+    if _settings.proxy_log_address:
+        from app.proxy_log import Supervisor
+
+        _proxy_log.append(Supervisor(_settings.proxy_log_address).start())
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    from app.backends.shm import forget_dead_owners
+    from app.metrics import mark_worker_dead
+
+    mark_worker_dead(worker.pid)
+    if _settings.transport in ("auto", "shm", "uint8-shm"):
+        # A worker that was killed could not unregister its shared memory: the master does it for it (and for
+        # any other owner that is gone: its flock on its lock file in /dev/shm went with its process).
+        forget_dead_owners(_settings.triton_host_port, _settings.triton_admin_headers)
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    app = getattr(worker, "wsgi", None)
+    shim = getattr(app, "extensions", {}).get("shim") if app is not None else None
+    if shim is not None:
+        shim.close()  # closes Triton connections, so Triton's own shutdown does not wait on them
+
+
+def on_exit(server: Any) -> None:
+    for supervisor in _proxy_log:
+        supervisor.stop()
+    for folder in _scratch:
+        shutil.rmtree(folder, ignore_errors=True)

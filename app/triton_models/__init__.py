@@ -1,6 +1,0 @@
-"""Triton python-backend models whose one source the shim package carries.
-
-tools/export_model.py (app/model_repo.py) copies each into the version folder of every model generated from a
-description (decode.py -> <name>_decode/1/model.py), so that the repository Triton mounts holds real files; git
-holds only this source. The shim never imports them: they run inside Triton's python backend, with torch.
-"""

@@ -1,0 +1,130 @@
+"""`make run`: a real local Triton (from the pytriton wheel) and the shim under gunicorn, until Ctrl-C.
+
+    python devstack/run.py [--port 5000] [--triton-http-port 8000] [--mode triton|legacy|shadow|canary]
+
+Triton's own log goes to a file (its path is printed); the shim logs JSON lines to this terminal.
+If either process dies, the other is stopped too, and the exit status says so.
+
+Triton's model-repository, shared-memory, trace and logging APIs are restricted to requests that carry an
+admin key: a new random one each run (or $SHIM_TRITON_ADMIN_KEY / $SHIM_TRITON_ADMIN_KEY_FILE), handed to
+Triton and to the shim, and printed with the hot-reload command that uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from devstack import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTritonError  # noqa: E402
+from devstack.waiting import WaitTimeout, wait_for_http  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--port", type=int, default=int(os.environ.get("SHIM_PORT", "5000")))
+    p.add_argument("--triton-http-port", type=int, default=8000)
+    p.add_argument("--triton-grpc-port", type=int, default=8001)
+    p.add_argument("--triton-metrics-port", type=int, default=8002)
+    p.add_argument("--model-repository", type=Path, default=ROOT / "triton_repo")
+    p.add_argument("--mode", default=None, help="initial traffic mode (default: $SHIM_MODE, else triton)")
+    return p.parse_args()
+
+
+def wait_for(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    def exited() -> str | None:
+        return None if process.poll() is None else "the shim exited"
+
+    try:
+        wait_for_http(url, timeout_s, give_up=exited)
+    except WaitTimeout:
+        return False
+    return True
+
+
+def admin_key() -> tuple[str, str]:
+    """The key of Triton's restricted APIs for this run, and its header: the operator's, else a new one."""
+    header = os.environ.get("SHIM_TRITON_ADMIN_HEADER", "triton-admin-key")
+    key = os.environ.get("SHIM_TRITON_ADMIN_KEY", "")
+    if os.environ.get("SHIM_TRITON_ADMIN_KEY_FILE"):
+        key = Path(os.environ["SHIM_TRITON_ADMIN_KEY_FILE"]).read_text().strip()
+    return key or secrets.token_hex(16), header
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="run_local: %(message)s")
+    args = parse_args()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    try:
+        key, header = admin_key()
+        config = EmbeddedTritonConfig(model_repository=args.model_repository, http_port=args.triton_http_port,
+                                      grpc_port=args.triton_grpc_port, metrics_port=args.triton_metrics_port,
+                                      admin_key=key, admin_header=header)
+    except (OSError, EmbeddedTritonError) as e:
+        print(f"run_local: {e}", file=sys.stderr)
+        return 2
+    print("run_local: starting Triton (the first start takes a while: it loads every model)...", flush=True)
+    try:
+        triton = EmbeddedTriton(config).start()
+    except EmbeddedTritonError as e:
+        print(f"run_local: {e}", file=sys.stderr)
+        return 2
+    print(f"run_local: Triton ready at {triton.http_url} (metrics {triton.metrics_url}, log {triton.log_path})",
+          flush=True)
+
+    env = {**os.environ, "SHIM_TRITON_URL": triton.http_url, "SHIM_PORT": str(args.port),
+           "SHIM_TRITON_ADMIN_KEY": key, "SHIM_TRITON_ADMIN_HEADER": header}
+    env.pop("SHIM_TRITON_ADMIN_KEY_FILE", None)  # read above: the shim gets the key itself
+    if args.mode:
+        env["SHIM_MODE"] = args.mode
+    shim = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"], cwd=ROOT, env=env)
+    status = 0
+    try:
+        if wait_for(f"http://127.0.0.1:{args.port}/readyz", shim, 120):
+            print(f"""
+run_local: the shim is ready on http://localhost:{args.port}  (Ctrl-C stops the shim and Triton)
+  curl -F image=@your.jpg http://localhost:{args.port}/predict
+  python -c 'import requests; print(requests.post("http://localhost:{args.port}/predict",
+             files={{"image": open("your.jpg", "rb")}}).json())'
+
+run_local: Triton's model-repository, shared-memory, trace and logging APIs need this run's admin key:
+  export KEY={key}
+  curl -H "{header}: $KEY" -X POST http://{triton.http_url}/v2/repository/models/resnet50/load   # hot reload
+""", flush=True)
+        elif shim.poll() is None:
+            print(f"run_local: the shim is up but not ready; see http://localhost:{args.port}/readyz", flush=True)
+        while not stop.wait(0.5):
+            if shim.poll() is not None:
+                print(f"run_local: the shim exited with status {shim.returncode}", file=sys.stderr)
+                status = 1
+                break
+            if not triton.running:
+                print(f"run_local: Triton exited unexpectedly; see {triton.log_path}", file=sys.stderr)
+                status = 1
+                break
+    finally:
+        if shim.poll() is None:
+            shim.send_signal(signal.SIGTERM)  # gunicorn stops gracefully; its workers close Triton clients
+            try:
+                shim.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                shim.kill()
+        triton.stop()
+        print("run_local: stopped", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

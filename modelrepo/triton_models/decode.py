@@ -1,0 +1,230 @@
+"""Triton python-backend model: one upload's bytes (UINT8 [1, n]) -> the normalised FP32 CHW tensor.
+
+The one source of every generated `<name>_decode/1/model.py`: modelrepo/export.py copies this file there
+(modelrepo/generate.py, the_decode_step). The shim's `encoded` transport forwards the upload as it came; this model
+does on the instance's device what the legacy app did on its CPU with Pillow and torchvision (app/preprocess.py
+gives the same tensor):
+
+  decode     nvImageCodec to RGB: nvJPEG on the GPU for a KIND_GPU instance, its libjpeg-turbo CPU backend
+             for a KIND_CPU one (the CPU copy that `make run` and the tests serve). EXIF orientation is NOT
+             applied: the legacy app's Image.open + convert("RGB") ignores it.
+  resize     torchvision's Resize(resize, interpolation, max_size) output size (the long side truncated, then
+             max_size), skipped when the image already has that size. bilinear and bicubic: antialiased
+             (torchvision.transforms.v2.functional.resize: uint8 on a CPU, float then rounded to uint8 on a
+             GPU); nearest and nearest-exact: the source pixel Pillow's NEAREST picks (the legacy app's PIL
+             path uses it for both), bit for bit. box, hamming and lanczos have no tensor resize in
+             torchvision: the description refuses the encoded transport for them (app/description.py).
+  crop       `crop` x `crop` at torchvision's CenterCrop offsets, round((h - crop) / 2), after CenterCrop's
+             zero padding where the resized image is smaller than the crop (possible with max_size only)
+  normalise  ToTensor (float32 division by 255), then (x - mean) / std per channel, divisors as tensors
+
+Parameters (config.pbtxt `parameters`, strings, generated from the model's description: ModelDescription.
+decode_parameters): resize and crop (whole numbers), interpolation (a lowercase torchvision InterpolationMode
+name), max_size (a whole number; absent: none), mean and std (three comma-separated floats), color (convert or
+white: checked, and the same pixels either way for what the shim forwards, opaque RGB or grayscale JPEGs).
+
+Each request is one image and gets its own response, in order. An image that the decoder refuses (or whose
+transform fails) gets an error response whose message holds REFUSED; the shim recognises it and decodes that
+upload itself, so the client gets exactly the legacy app's answer (400 invalid_image for a truncated JPEG).
+The other requests of the batch are never failed by it.
+
+Nothing is imported from the shim's package (Triton's image does not have it): resized_size is
+app.preprocess.resized_size's rule, and tests/unit/test_decode_step.py holds the two equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+try:
+    import triton_python_backend_utils as pb_utils
+except ImportError:  # imported outside Triton: the unit tests of Transform
+    pb_utils = None
+
+REFUSED = "[decode_refused]"  # the shim's app/backends/triton.py looks for this in Triton's error message
+REQUIRED = ("resize", "crop", "interpolation", "mean", "std", "color")
+OPTIONAL = ("max_size",)
+RESIZERS = ("nearest", "nearest-exact", "bilinear", "bicubic")  # app/description.py ENCODED_INTERPOLATIONS
+COLORS = ("convert", "white")
+MAX_RESIZED_PIXELS = 40_000_000  # a 1 x 100,000 strip would resize past it; the shim never sends one
+
+
+def _floats(name: str, text: str) -> tuple[float, float, float]:
+    values = [float(x) for x in text.split(",")]
+    if len(values) != 3:
+        raise ValueError(f"parameter {name} must be three comma-separated numbers, got {text!r}")
+    return values[0], values[1], values[2]
+
+
+def resized_size(width: int, height: int, short_side: int, max_size: int | None = None) -> tuple[int, int]:
+    """torchvision's Resize(int, max_size) output size (app.preprocess.resized_size): the short side becomes
+    `short_side`, the long side scales (truncated); a long side past max_size becomes max_size."""
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = short_side, int(short_side * long / short)
+    if max_size is not None and new_long > max_size:
+        new_short, new_long = int(max_size * new_short / new_long), max_size
+    return (new_short, new_long) if width <= height else (new_long, new_short)
+
+
+def nearest_index(size_in: int, size_out: int) -> Any:  # -> np.ndarray of int64
+    """The source index Pillow's NEAREST resize takes for each output index (ImagingScaleAffine: the position
+    starts at scale / 2 and adds scale per pixel, in double precision, truncated): a running sum, as Pillow's."""
+    scale = size_in / size_out
+    steps = np.full(size_out, scale, dtype=np.float64)
+    steps[0] = scale * 0.5
+    return np.minimum(np.cumsum(steps).astype(np.int64), size_in - 1)
+
+
+class Transform:
+    """Resize, CenterCrop, ToTensor, Normalize of one decoded image, from the step's parameters, on `device`."""
+
+    def __init__(self, params: Mapping[str, str], device: Any) -> None:
+        import torch
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms.v2 import functional
+
+        missing = [p for p in REQUIRED if p not in params]
+        if missing:
+            raise ValueError(f"config.pbtxt lacks the parameters {', '.join(missing)} (all of {', '.join(REQUIRED)} "
+                             f"are needed, as strings; {', '.join(OPTIONAL)} is optional)")
+        self.resize, self.crop = int(params["resize"]), int(params["crop"])
+        self.max_size = int(params["max_size"]) if params.get("max_size") else None
+        if params["interpolation"] not in RESIZERS:
+            raise ValueError(f"interpolation {params['interpolation']!r} is not one this step resizes with "
+                             f"({', '.join(RESIZERS)})")
+        self.nearest = params["interpolation"].startswith("nearest")  # Pillow's NEAREST, for both names
+        self.interpolation = InterpolationMode(params["interpolation"])
+        if params["color"] not in COLORS:
+            raise ValueError(f"color {params['color']!r} is not one of {', '.join(COLORS)}")
+        mean, std = _floats("mean", params["mean"]), _floats("std", params["std"])
+        self.torch, self.functional, self.device = torch, functional, device
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(3, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=device).view(3, 1, 1)
+        self.scale = torch.full((1, 1, 1), 255.0, dtype=torch.float32, device=device)
+
+    def __call__(self, hwc: Any) -> Any:  # uint8 [H, W, 3] on self.device -> float32 [1, 3, crop, crop]
+        torch = self.torch
+        if hwc.ndim != 3 or hwc.shape[2] != 3 or hwc.dtype != torch.uint8:
+            raise ValueError(f"decoded to {list(hwc.shape)} {hwc.dtype}, not H x W x 3 uint8")
+        chw = hwc.permute(2, 0, 1)
+        height, width = int(chw.shape[1]), int(chw.shape[2])
+        new_w, new_h = resized_size(width, height, self.resize, self.max_size)
+        if new_w * new_h > MAX_RESIZED_PIXELS or new_w < 1 or new_h < 1:
+            raise ValueError(f"{width}x{height} is too elongated to resize to {self.resize}")
+        if (new_w, new_h) != (width, height):
+            chw = self._resized(chw, new_w, new_h)
+        size = self.crop
+        if size > new_w or size > new_h:  # CenterCrop pads with zeros first (left/top get the smaller half)
+            left, top = max(0, (size - new_w) // 2), max(0, (size - new_h) // 2)
+            padded = torch.zeros((3, max(size, new_h), max(size, new_w)), dtype=torch.uint8, device=chw.device)
+            padded[:, top:top + new_h, left:left + new_w] = chw
+            chw, new_h, new_w = padded, int(padded.shape[1]), int(padded.shape[2])
+        top, left = round((new_h - size) / 2.0), round((new_w - size) / 2.0)
+        pixels = chw[:, top:top + size, left:left + size]
+        return pixels.to(torch.float32).div(self.scale).sub(self.mean).div(self.std).unsqueeze(0).contiguous()
+
+    def _resized(self, chw: Any, new_w: int, new_h: int) -> Any:
+        if self.nearest:
+            torch = self.torch
+            rows = torch.from_numpy(nearest_index(int(chw.shape[1]), new_h)).to(chw.device)
+            cols = torch.from_numpy(nearest_index(int(chw.shape[2]), new_w)).to(chw.device)
+            return chw.index_select(1, rows).index_select(2, cols)
+        return self.functional.resize(chw, [new_h, new_w], interpolation=self.interpolation, antialias=True)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        import torch
+        from nvidia import nvimgcodec
+
+        self.torch: Any = torch  # typed loosely: torch.utils.dlpack does not re-export to_dlpack for mypy
+        config = json.loads(args["model_config"])
+        name = config["name"]
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        (inp,), (out,) = config["input"], config["output"]
+        self.input_name, self.output_name = inp["name"], out["name"]
+
+        gpu = args.get("model_instance_kind") == "GPU" and torch.cuda.is_available()
+        if gpu:
+            device_id = int(args.get("model_instance_device_id", "0"))
+            self.device = torch.device("cuda", device_id)
+            torch.cuda.set_device(self.device)
+            # All of nvImageCodec's backends: nvJPEG's GPU and hybrid decoders first, its CPU one for what they
+            # refuse. Fancy upsampling brings the GPU's chroma close to libjpeg-turbo's (the legacy app's).
+            self.decoder = nvimgcodec.Decoder(device_id=device_id, options=":fancy_upsampling=1")
+        else:
+            self.device = torch.device("cpu")
+            instances = sum(max(int(g.get("count", 1)), 1) for g in config.get("instance_group", [])) or 1
+            threads = max(1, len(os.sched_getaffinity(0)) // instances)
+            torch.set_num_threads(threads)
+            self.decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                              backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)],
+                                              max_num_cpu_threads=threads)
+        try:
+            self.transform = Transform(params, self.device)
+        except ValueError as e:
+            raise pb_utils.TritonModelException(f"{name}: a parameter is not valid: {e}") from e
+        crop = self.transform.crop
+        if list(out["dims"]) != [3, crop, crop]:
+            raise pb_utils.TritonModelException(f"{name}: output dims {out['dims']} do not match crop {crop}")
+        self.decode_params = nvimgcodec.DecodeParams(apply_exif_orientation=False,
+                                                     color_spec=nvimgcodec.ColorSpec.SRGB)
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        responses: list[Any] = [None] * len(requests)
+        streams, where = [], []
+        for i, request in enumerate(requests):
+            data = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
+            if data.ndim != 2 or data.shape[0] != 1 or data.shape[1] == 0:
+                responses[i] = self._refuse(f"one image per request: UINT8 [1, n], got {list(data.shape)}")
+                continue
+            streams.append(data[0])
+            where.append(i)
+        for i, image in zip(where, self._decode(streams), strict=True):
+            if image is None:
+                responses[i] = self._refuse("the decoder cannot read this image")
+                continue
+            try:
+                tensor = self.transform(self._on_device(image))
+            except Exception as e:  # this image's own failure (an odd size, memory): never the batch's
+                responses[i] = self._refuse(f"{type(e).__name__}: {e}")
+                continue
+            responses[i] = pb_utils.InferenceResponse(output_tensors=[self._output(tensor)])
+        return responses
+
+    def _decode(self, streams: list[Any]) -> list[Any]:
+        """One decode call for the batch (nvImageCodec fails per image: None where it cannot); one by one
+        if the batch call itself raises."""
+        if not streams:
+            return []
+        try:
+            return list(self.decoder.decode(streams, params=self.decode_params))
+        except Exception:
+            images = []
+            for stream in streams:
+                try:
+                    images.append(self.decoder.decode(stream, params=self.decode_params))
+                except Exception:
+                    images.append(None)
+            return images
+
+    def _on_device(self, image: Any) -> Any:  # -> torch.Tensor uint8 [H, W, C] on self.device
+        torch = self.torch
+        on_device = "DEVICE" in str(getattr(image, "buffer_kind", ""))  # nvJPEG's output; host: a CPU decoder's
+        if self.device.type == "cuda" and on_device:
+            return torch.as_tensor(image, device=self.device)
+        return torch.from_numpy(np.asarray(image.cpu() if on_device else image)).to(self.device)
+
+    def _output(self, tensor: Any) -> Any:
+        if self.device.type == "cuda":
+            return pb_utils.Tensor.from_dlpack(self.output_name, self.torch.utils.dlpack.to_dlpack(tensor))
+        return pb_utils.Tensor(self.output_name, tensor.numpy())
+
+    @staticmethod
+    def _refuse(why: str) -> Any:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{REFUSED} {why}"))

@@ -1,0 +1,36 @@
+"""The one definition of every percentile the project prints or judges: p50, p90, p95, p99, "median".
+
+Nearest rank: the p-th percentile of n values is the ceil(p/100 * n)-th smallest of them, the smallest value
+with at least p% of the values at or below it. It is always a value that was measured (a latency a client
+really had), and "p99 <= X" says what an SLO says: at least 99% of the requests took X or less. Linear
+interpolation (numpy's default) reports values between two samples that no request had, and with few
+samples puts the p99 below the slowest calls it is meant to show.
+
+The migration report (report), the benchmark (bench/) and the hostile-clients suite (tests/hostile)
+all call this; Prometheus' histogram_quantile() in deploy/ is another thing, an estimate from buckets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from fractions import Fraction
+
+
+def percentile(values: Iterable[float], p: float) -> float | None:
+    """The nearest-rank p-th percentile (p in 0-100: 50 is the median, 100 the maximum); None for no values."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"a percentile is between 0 and 100, not {p}")
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    rank = math.ceil(Fraction(str(p)) * len(ordered) / 100)  # exact: 99.9% of 1000 values is rank 999, not 1000
+    return ordered[max(rank, 1) - 1]
+
+
+def median(values: Iterable[float]) -> float:
+    """percentile(values, 50), for figures that always have values (a benchmark's repeated timings)."""
+    found = percentile(values, 50)
+    if found is None:
+        raise ValueError("the median of no values")
+    return found

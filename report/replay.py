@@ -1,0 +1,466 @@
+"""Every image through the legacy path and the Triton path: two ways to get the answers, one runner.
+
+    InProcess   the shim's own LegacyBackend and TritonBackend in this process, one image per call
+                (batch size 1: a latency is one image's, never a batch's share); full logits. With
+                --transport encoded, Triton gets each upload's bytes as the shim would forward them
+                (app/sniff.py), and decodes them itself
+    ThroughShim a running shim that honours X-Shim-Backend (SHIM_OVERRIDE_HEADER=true): each image is POSTed
+                to /predict twice as the legacy contract's multipart upload; the contract's top-k
+
+Both decode every file with the shim's own rules first: a file that is not an image the shim reads is a
+skipped input, not a backend error. Each image asks the two backends one after the other, in alternating
+order (legacy first for even images, Triton first for odd ones), so that neither always finds the caches
+warm. A few warm-up calls per backend (--warm-up, 3), before the run and not counted, pay for connections,
+metadata and the first forward passes, and check that both paths answer at all: if one does not, the run
+stops with `Unusable` (exit 2) before any image is counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import http.client
+import importlib
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from app.backends.base import ENCODED
+from app.contract import IMAGE_FIELD, Prediction
+from app.description import resolve
+from app.errors import DecodeRefused, ShimError
+from app.preprocess import ImageSpec, Prepared, decode, prepare
+from app.scores import SCORE_FUNCTIONS, softmax
+from app.service import top_k
+from app.settings import Settings, SettingsError
+from app.sniff import cpu_reason
+from report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits, from_top_k
+
+BACKEND_HEADER = "X-Shim-Backend"  # app/api.py: on requests the override, on answers who answered
+# The contract's refusals of an input: the same answer from both backends makes the file a skipped input.
+INPUT_REFUSALS = {"missing_image", "empty_image", "invalid_image", "too_large"}
+LOAD_ALLOWANCE_S = 180.0  # how long a shim's warm-up may answer 503/504 while its legacy model loads
+
+
+class Unusable(Exception):
+    """The run cannot start (or go on) as asked; the message says why in one line. Exit code 2."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One input as both paths take it: the file's bytes (for a shim) and its prepared tensor (in-process)."""
+
+    index: int
+    name: str
+    data: bytes
+    prepared: Prepared
+
+
+@dataclass(frozen=True)
+class Reply:
+    answer: Answer
+    logits: npt.NDArray[np.float32] | None = None  # in-process only: the whole row of logits
+    refused: str | None = None  # a shim's refusal of the input itself (400 invalid_image, 413 ...)
+
+
+class Source(Protocol):
+    spec: ImageSpec
+
+    @property
+    def k(self) -> int:
+        """Classes compared per answer (a shim's: as many as its answers hold)."""
+
+    def describe(self) -> list[tuple[str, str]]:
+        """Rows of the report's header: what was compared, where."""
+
+    def check(self) -> None:
+        """Raise Unusable unless both paths can be asked (fast: before any image is read)."""
+
+    def warm_up(self, image: Loaded) -> None:
+        """One uncounted call per backend; raise Unusable when a path does not answer."""
+
+    def ask(self, backend: str, image: Loaded) -> Reply: ...
+
+    def close(self) -> None: ...
+
+
+def find_files(folder: Path) -> list[tuple[str, Path]]:
+    """Every file under `folder` (any name: captures keep uploads under request IDs), in a stable order."""
+    found = []
+    for parent, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(parent) / name
+            if path.is_file():
+                found.append((path.relative_to(folder).as_posix(), path))
+    return found
+
+
+def load(index: int, name: str, path: Path, spec: ImageSpec) -> Loaded | str:
+    """The input, decoded and cropped as the shim does it; or why it is skipped."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    try:
+        image = decode(data, spec)
+        return Loaded(index, name, data, prepare(image, spec, fp32=True))
+    except ShimError as e:  # the contract's invalid_image, empty_image, too_large
+        return f"{e.code}: {e.message}"
+    except Exception as e:  # a file's edge: a Pillow decoder failing in a way decode() does not translate
+        return f"the shim's decoder fails on it ({type(e).__name__}: {e}); the shim would answer 500"
+
+
+def replay(source: Source, files: list[tuple[str, Path]], *, concurrency: int = 1,
+           on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Each file through both backends; one Outcome per file, in the files' order."""
+    outcomes: list[Outcome | None] = [None] * len(files)
+    lock = threading.Lock()
+
+    def one(index: int) -> None:
+        name, path = files[index]
+        outcome = _replay_one(source, index, name, path)
+        with lock:
+            outcomes[index] = outcome
+            if on_outcome is not None:
+                on_outcome(outcome)
+
+    pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="replay")
+    try:
+        futures: list[Future[None]] = [pool.submit(one, i) for i in range(len(files))]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in done:
+            future.result()  # the first failure (Unusable) ends the run
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return [o for o in outcomes if o is not None]
+
+
+def first_image(files: list[tuple[str, Path]], spec: ImageSpec) -> Loaded | None:
+    """The first file that decodes, or None when none does."""
+    for index, (name, path) in enumerate(files):
+        loaded = load(index, name, path, spec)
+        if isinstance(loaded, Loaded):
+            return loaded
+    return None
+
+
+def warm_up(source: Source, image: Loaded, *, calls: int = 3) -> None:
+    """`calls` uncounted calls per backend (TorchScript's profiling executor optimises a graph over its first
+    runs); Unusable when a path does not answer."""
+    for _ in range(max(1, calls)):
+        source.warm_up(image)
+
+
+def _replay_one(source: Source, index: int, name: str, path: Path) -> Outcome:
+    loaded = load(index, name, path, source.spec)
+    if not isinstance(loaded, Loaded):
+        return Outcome(name, skipped=loaded)
+    order = BACKENDS if index % 2 == 0 else tuple(reversed(BACKENDS))
+    replies = {backend: source.ask(backend, loaded) for backend in order}
+    legacy, triton = replies[LEGACY], replies[TRITON]
+    if legacy.refused and triton.refused:
+        return Outcome(name, skipped=f"the shim refuses it: {legacy.refused}")
+    agreement = None
+    if legacy.logits is not None and triton.logits is not None:
+        agreement = from_logits(legacy.logits, triton.logits, source.k, getattr(source, "scores", softmax))
+    elif legacy.answer.ok and triton.answer.ok:
+        agreement = from_top_k(legacy.answer.top, triton.answer.top)
+    return Outcome(name, legacy=legacy.answer, triton=triton.answer, agreement=agreement)
+
+
+# -- in-process ---------------------------------------------------------------------------------------------
+
+class InProcess:
+    """The shim's own backends, built from its settings (SHIM_*), in this process."""
+
+    def __init__(self, settings: Settings, *, k: int | None = None, legacy_load_timeout_s: float = 300) -> None:
+        from app.backends.legacy import LegacyBackend
+        from app.wiring import triton_backend
+
+        self.settings = settings
+        try:  # the model's description: its preprocessing, labels, scores and top-k, as the shim has them
+            self.served = resolve(settings)
+        except SettingsError as e:
+            raise Unusable(f"{e} (--model-repository, --model, --labels, --legacy-model or their SHIM_* settings)") \
+                from None
+        description = self.served.description
+        self.spec = self.served.spec
+        self.labels = self.served.labels
+        self.scores = SCORE_FUNCTIONS[description.scores]
+        self.k = k if k is not None else self.served.top_k
+        if not self.served.legacy_model_path.is_file():
+            raise Unusable(f"legacy model {self.served.legacy_model_path} does not exist (--legacy-model or "
+                           "SHIM_LEGACY_MODEL_PATH)")
+        if self.k > len(self.labels):
+            raise Unusable(f"--top-k {self.k} is more than the {len(self.labels)} classes of {self.served.labels_path}")
+        self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=settings.legacy_threads,
+                                    max_batch_size=1, image_shape=self.spec.shape,
+                                    load_timeout_s=legacy_load_timeout_s, classes=description.classes)
+        self.triton = triton_backend(settings, self.served, max_batch_size=1)
+        self._triton_info = ""
+
+    def check(self) -> None:
+        state = self.triton.ready()  # within about SHIM_READINESS_TIMEOUT_S, however Triton is down
+        if not state.ready:
+            raise Unusable(f"Triton cannot be used: {state.detail}")
+        self._triton_info = triton_info(self.settings.triton_host_port, self.settings.model_name,
+                                        timeout_s=self.settings.readiness_timeout_s + 2)
+        self.legacy.start()  # torch loads in the background while the first image decodes
+
+    def warm_up(self, image: Loaded) -> None:
+        for backend in BACKENDS:
+            reply = self.ask(backend, image)
+            if not reply.answer.ok:
+                raise Unusable(f"the {backend} path does not answer: {reply.answer.error}")
+
+    def ask(self, backend: str, image: Loaded) -> Reply:
+        chosen = self.legacy if backend == LEGACY else self.triton
+        prepared = image.prepared
+        if backend == TRITON and self.triton.input_kind == ENCODED and cpu_reason(image.data, self.spec) is None:
+            prepared = dataclasses.replace(prepared, encoded=image.data)  # sent as it came, as the shim sends it
+        started = time.perf_counter()
+        try:
+            try:
+                logits = chosen.infer([prepared], [f"report-{image.index}-{backend}"])
+            except DecodeRefused:  # the shim decodes such an upload itself: so does the report
+                logits = chosen.infer([image.prepared], [f"report-{image.index}-{backend}"])
+        except ShimError as e:  # the backends raise nothing else
+            return Reply(Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"))
+        seconds = time.perf_counter() - started
+        row = logits[0]
+        return Reply(Answer(backend, seconds, tuple(top_k(row, self.labels, self.k, self.scores))), logits=row)
+
+    def describe(self) -> list[tuple[str, str]]:
+        s = self.settings
+        return [
+            ("Source", "in-process: the shim's LegacyBackend (TorchScript in this process) and TritonBackend, "
+                       "one image per call (batch size 1); times are each backend call alone, after the shim's "
+                       "own decode and preprocess, which both paths share"),
+            ("Triton", f"{s.triton_host_port}: {self._triton_info}; transport {self.triton.transport}"),
+            ("Model", f"{self.served.description.path}: {self.served.description}"),
+            ("Legacy model", describe_model(self.served.legacy_model_path)),
+            ("Labels", f"{self.served.labels_path} ({len(self.labels)} classes); top-{self.k} compared"),
+        ]
+
+    def close(self) -> None:
+        self.triton.close()
+        self.legacy.close()
+
+
+def triton_info(host_port: str, model: str, *, timeout_s: float) -> str:
+    """Triton's server version and the versions of `model` it serves, from its own HTTP API."""
+    base = f"http://{host_port}/v2"
+    try:
+        server = _get_json(base, timeout_s)
+        meta = _get_json(f"{base}/models/{urllib.parse.quote(model)}", timeout_s)
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        return f"server and model versions unknown ({e})"
+    versions = ", ".join(str(v) for v in meta.get("versions", [])) or "?"
+    return (f"{server.get('name', 'triton')} server {server.get('version', '?')}; model '{model}' "
+            f"({meta.get('platform') or meta.get('backend') or '?'}), versions served: {versions}")
+
+
+def describe_model(path: Path) -> str:
+    """The model file, its size and hash, and what the export tool recorded inside it."""
+    try:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        text = f"{path} ({path.stat().st_size / 1e6:.1f} MB, sha256 {digest.hexdigest()[:16]})"
+    except OSError as e:
+        return f"{path} (cannot be read: {e.strerror or e})"
+    info = export_info(path)
+    if info:
+        text += "; export info: " + ", ".join(f"{k} {v}" for k, v in info.items())
+    return text
+
+
+def export_info(path: Path) -> dict[str, object] | None:
+    """What modelrepo/export.py stored in the file, when that tool is at hand (the repo, the shim's image)."""
+    try:
+        tool: Any = importlib.import_module("modelrepo.export")
+    except ImportError:
+        return None
+    info = tool.read_export_info(path)
+    return dict(info) if isinstance(info, dict) else None
+
+
+def _get_json(url: str, timeout_s: float) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+        body = json.loads(answer.read())
+    if not isinstance(body, dict):
+        raise ValueError(f"{url} answered {type(body).__name__}, not a JSON object")
+    return body
+
+
+# -- through a running shim ------------------------------------------------------------------------------------
+
+class ThroughShim:
+    """A running shim: each image POSTed twice, with X-Shim-Backend: legacy and then triton (or the other way)."""
+
+    def __init__(self, url: str, *, timeout_s: float, spec: ImageSpec | None = None) -> None:
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise Unusable(f"--shim-url {url!r} is not an http(s)://host:port URL")
+        self.url = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+        self._https = parts.scheme == "https"
+        self._host, self._port, self._path = parts.hostname, parts.port, parts.path.rstrip("/")
+        self.spec = spec or ImageSpec()
+        self._timeout_s = timeout_s
+        self._local = threading.local()
+        self._connections: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._ready: dict[str, Any] = {}
+        self._seen_k = 0
+
+    @property
+    def k(self) -> int:
+        return self._seen_k  # the shim's SHIM_TOP_K, as its answers show it
+
+    def check(self) -> None:
+        try:
+            status, _, body = self._request("GET", "/readyz")
+        except (OSError, http.client.HTTPException) as e:
+            raise Unusable(f"the shim at {self.url} does not answer: {type(e).__name__}: {e}") from None
+        try:
+            self._ready = json.loads(body)
+        except ValueError:
+            raise Unusable(f"{self.url}/readyz answered {status} without the shim's JSON: is it the shim?") from None
+        if status != 200:
+            details = "; ".join(f"{name}: {b.get('detail', '?')}" for name, b in self._backends().items())
+            raise Unusable(f"the shim at {self.url} is not ready ({status}): {details or body[:200]!r}")
+
+    def warm_up(self, image: Loaded) -> None:
+        for backend in BACKENDS:
+            reply = self._ask_while_loading(image) if backend == LEGACY else self.ask(backend, image)
+            if reply.answer.error and reply.answer.error.startswith("fallback"):
+                mode = str(self._ready.get("mode", "?"))
+                if mode in ("legacy", "shadow"):  # an honoured override sends a triton request to Triton
+                    raise Unusable(self._ignored(TRITON, LEGACY))
+                raise Unusable(f"the shim at {self.url} answered a request for triton from legacy (mode {mode}): "
+                               "Triton fails behind it and it fell back")
+            if not reply.answer.ok:
+                raise Unusable(f"the {backend} path of the shim at {self.url} does not answer: {reply.answer.error}")
+
+    def _ask_while_loading(self, image: Loaded) -> Reply:
+        """Ask legacy again while it answers 503 or 504, for up to LOAD_ALLOWANCE_S: a shim in triton mode loads its
+        legacy model on the first request routed to it, and that request may time out (504) meanwhile."""
+        deadline = time.monotonic() + LOAD_ALLOWANCE_S
+        while True:
+            reply = self.ask(LEGACY, image)
+            error = reply.answer.error or ""
+            if not error.startswith(("503 ", "504 ")) or time.monotonic() >= deadline:
+                return reply
+            time.sleep(1.0)
+
+    def ask(self, backend: str, image: Loaded) -> Reply:
+        boundary = uuid.uuid4().hex
+        suffix = "".join(c for c in Path(image.name).suffix if c.isalnum() or c == ".")[:10]
+        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{IMAGE_FIELD}\"; "
+                f"filename=\"image{suffix}\"\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
+        body += image.data + f"\r\n--{boundary}--\r\n".encode()
+        headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", BACKEND_HEADER: backend,
+                   "X-Request-ID": f"report-{image.index}-{backend}"}
+        started = time.perf_counter()
+        try:
+            status, answered_by, raw = self._request("POST", "/predict", body, headers)
+        except (OSError, http.client.HTTPException) as e:
+            return Reply(Answer(backend, time.perf_counter() - started,
+                                error=f"no answer from the shim: {type(e).__name__}: {e}"))
+        seconds = time.perf_counter() - started
+        if answered_by is None:
+            raise Unusable(f"{self.url}/predict answers without an {BACKEND_HEADER} header: is it the shim "
+                           "(and not the legacy app)?")
+        if backend == LEGACY and answered_by == TRITON:
+            raise Unusable(self._ignored(LEGACY, TRITON))
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            return Reply(Answer(backend, seconds, error=f"{status} with a body that is not JSON: {raw[:80]!r}"))
+        if status != 200:
+            code, message = parsed.get("error", "?"), parsed.get("message", "")
+            refused = f"{status} {code}: {message}" if code in INPUT_REFUSALS else None
+            return Reply(Answer(backend, seconds, error=f"{status} {code}: {message}"), refused=refused)
+        if backend == TRITON and answered_by != TRITON:
+            return Reply(Answer(backend, seconds, error=f"fallback: {answered_by} answered a request for triton"))
+        try:
+            top = tuple(Prediction(str(p["label"]), int(p["class_id"]), float(p["score"]))
+                        for p in parsed["predictions"])
+        except (KeyError, TypeError, ValueError) as e:
+            return Reply(Answer(backend, seconds, error=f"an answer outside the contract ({e!r}): {raw[:80]!r}"))
+        if not top:
+            return Reply(Answer(backend, seconds, error="an answer with no predictions"))
+        self._seen_k = max(self._seen_k, len(top))
+        return Reply(Answer(backend, seconds, top))
+
+    def describe(self) -> list[tuple[str, str]]:
+        rows = [("Source", f"a running shim at {self.url}: each image POSTed to /predict twice, with "
+                           f"{BACKEND_HEADER}: legacy and {BACKEND_HEADER}: triton; times are whole HTTP round "
+                           "trips (upload, the shim's decode and preprocess, its batcher, the backend)"),
+                ("Shim", f"mode {self._ready.get('mode', '?')}, transport {self._ready.get('transport') or 'n/a'}; "
+                         f"top-{self._seen_k or '?'} answers compared")]
+        rows += [(f"Shim's {name}", str(b.get("detail", "?"))) for name, b in self._backends().items()]
+        return rows
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.close()
+
+    def _ignored(self, asked: str, answered: str) -> str:
+        return (f"the shim at {self.url} answered a request for {asked} from {answered}: it ignores the "
+                f"{BACKEND_HEADER} header; start it with SHIM_OVERRIDE_HEADER=true to compare its backends")
+
+    def _backends(self) -> dict[str, dict[str, Any]]:
+        backends = self._ready.get("backends")
+        return {str(k): v for k, v in backends.items() if isinstance(v, dict)} if isinstance(backends, dict) else {}
+
+    def _request(self, method: str, path: str, body: bytes | None = None,
+                 headers: dict[str, str] | None = None) -> tuple[int, str | None, bytes]:
+        """One request on this thread's keep-alive connection: status, X-Shim-Backend, body."""
+        connection = self._connection()
+        try:
+            connection.request(method, self._path + path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            raw = response.read()
+        except (OSError, http.client.HTTPException):
+            self._drop()
+            raise
+        if response.will_close:
+            self._drop()
+        return response.status, response.getheader(BACKEND_HEADER), raw
+
+    def _connection(self) -> http.client.HTTPConnection:
+        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            connection = kind(self._host, self._port, timeout=self._timeout_s)
+            self._local.connection = connection
+            with self._lock:
+                self._connections.append(connection)
+        return connection
+
+    def _drop(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        self._local.connection = None
+        if connection is not None:
+            connection.close()
+            with self._lock:
+                if connection in self._connections:
+                    self._connections.remove(connection)
