@@ -34,6 +34,8 @@ RUN groupadd --gid 1000 triton-server \
 COPY --from=build /opt/triton /opt/triton
 WORKDIR /srv/triton
 COPY app ./app
+COPY devstack ./devstack
+COPY modelrepo ./modelrepo
 USER 1000:1000
 EXPOSE 8000 8001 8002
 CMD ["python", "-m", "devstack", "--host", "0.0.0.0", "--model-repository", "/models", \
