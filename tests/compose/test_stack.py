@@ -123,15 +123,15 @@ def test_from_a_container_that_is_not_the_shim_triton_is_unreachable_or_refuses_
     assert predict(encode(photo(64, 48))).status_code == 200
 
 
-def readme_reload_command() -> list[str]:
-    """README's hot reload for compose: `docker compose exec triton ...`, as the operator types it."""
-    text = (ROOT / "README.md").read_text()
+def documented_reload_command() -> list[str]:
+    """docs/production.md's hot reload for compose: `docker compose exec triton ...`, as the operator types it."""
+    text = (ROOT / "docs" / "production.md").read_text()
     (line,) = [line for line in text.splitlines() if line.startswith("docker compose exec triton ")]
     return shlex.split(line)
 
 
-def test_the_admin_keys_holder_reloads_a_model_as_the_readme_says_and_the_shim_serves_on(stack: Stack) -> None:
-    command = readme_reload_command()
+def test_the_admin_keys_holder_reloads_a_model_as_the_docs_say_and_the_shim_serves_on(stack: Stack) -> None:
+    command = documented_reload_command()
     assert command[:4] == ["docker", "compose", "exec", "triton"]
     result = stack.compose("exec", "-T", *command[3:], timeout=120)
     assert result.stdout.strip().splitlines()[-1] == "200", result.stdout

@@ -103,7 +103,7 @@ def test_a_slow_upload_costs_nginx_at_most_its_body_buffer(healthy: Stack, figur
                                                           tmp_path: Path) -> None:
     """512 uploads from 16 addresses, each with its body buffer filled and then silent (within
     client_body_timeout), on a fresh nginx in front of the same shim: its private memory grows by at most
-    the buffer and the connection's own per upload (README's bound: worker_connections of them)."""
+    the buffer and the connection's own per upload (docs/proxy.md's bound: worker_connections of them)."""
     stack = healthy
     buffer_kib = int(stack.directive("client_body_buffer_size").removesuffix("k"))
     count, sources = 512, [f"127.0.3.{i}" for i in range(1, 17)]  # 32 each: limit_conn holds them all

@@ -1,6 +1,6 @@
 """The encoded transport's agreement gate on the generated corpus, against the real Triton's decode step
-(its CPU copy): the figures README states, measured on every `make test` (python -m bench.agreement), with the
-model the other tests serve (EfficientNet-Lite0, modelrepo/export.py's export) and its own preprocessing."""
+(its CPU copy): the figures docs/transports.md states, measured on every `make test` (python -m bench.agreement),
+with the model the other tests serve (EfficientNet-Lite0, modelrepo/export.py's export) and its own preprocessing."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from tests.conftest import TEST_ARCH, make_test_repo, start_shim, start_triton, 
 from tests.support import ROOT, encode, free_ports, photo
 
 IMAGE_COUNT = 12
-# Latency is the benchmark's business (README, Tests): the runs here judge answers, not this shared machine's speed.
+# Latency is the benchmark's business (docs/testing.md): the runs here judge answers, not this shared machine's speed.
 ANY_SPEED = ["--max-p99-ratio", "1000"]
 
 

@@ -22,7 +22,7 @@ Stages, one line each with its duration:
   cleanup     pods, containers, volumes, secrets and the network of this run removed; leftovers checked
 
 What podman cannot show (Services, the HPAs, and whatever else no pod runs) stays checked by the schemas in
-tests/unit/test_deploy.py; README "Kubernetes in CI: make k8s-test" says which parts ran and which did not.
+tests/unit/test_deploy.py; docs/testing.md ("Kubernetes in CI") says which parts ran and which did not.
 
 --mutate plays deliberately broken manifests (a probe's path, a container's command, an env name) through the
 whole run: it must then fail, which `make k8s-test` itself also shows, more cheaply, in tests/k8s.
@@ -346,7 +346,7 @@ def play_version(objects: list[dict[str, Any]], *, stack: Stack, network: str, s
                        "run, since podman chowns a volume's folder to the user of the first container that mounts it")
     wanted = user_secrets(played)
     if wanted:
-        changes.append("Secrets the README has the user create (" + ", ".join(
+        changes.append("Secrets docs/production.md has the user create (" + ", ".join(
             f"{name}: {', '.join(keys)}" for name, keys in wanted.items()) + ") -> podman secrets of random keys, "
             "made before the pods start as `kubectl create secret generic` makes them on a cluster (podman 4.3 "
             "reads a secretKeyRef only from a podman secret holding JSON of base64 values; a Secret object it "
@@ -358,7 +358,7 @@ def play_version(objects: list[dict[str, Any]], *, stack: Stack, network: str, s
 
 def user_secrets(objects: list[dict[str, Any]]) -> dict[str, list[str]]:
     """The Secrets the pods' env takes keys from (secretKeyRef, not optional) that the manifests do not hold: the
-    user creates them (README "Scale out on Kubernetes"). Name -> the keys read."""
+    user creates them (docs/production.md, "Scale out on Kubernetes"). Name -> the keys read."""
     held = {o["metadata"]["name"] for o in of_kind(objects, "Secret")}
     wanted: dict[str, set[str]] = {}
     for deployment in of_kind(objects, "Deployment"):
@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             dump(objects, CACHE / "rendered.yaml")
             dump(played, PLAY_FILE)
             plan.save()
-            d.append(f"played as {PLAY_FILE.relative_to(ROOT)}: {len(plan.changes)} play-only changes (README)")
+            d.append(f"played as {PLAY_FILE.relative_to(ROOT)}: {len(plan.changes)} play-only changes (docs)")
         compose_test.build_images(stages, engine, stack, only=needed)
         with stages.stage("podman") as d:
             d.append(copy_images(sorted(set(plan.images.values()))))

@@ -74,8 +74,9 @@ def test_the_shim_reaches_triton_by_its_service_name_from_its_pod(pods: Pods, re
 
 
 def test_tritons_admin_apis_want_the_key_of_the_secret_the_user_creates(pods: Pods, ready: dict[str, str]) -> None:
-    """The Triton pod's env takes the key from the Secret (made by the run as README's kubectl command makes it):
-    without it the model-repository API answers 403, with it 200. Read-only calls: nothing is unloaded."""
+    """The Triton pod's env takes the key from the Secret (made by the run as docs/production.md's kubectl
+    command makes it): without it the model-repository API answers 403, with it 200. Read-only calls: nothing is
+    unloaded."""
     (name,) = [d["metadata"]["name"] for d in pods.deployments() if d["metadata"]["name"] != ENTRY]
     (target,) = [t for t in pods.targets(name) if any(
         e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") in pods.plan.user_secrets

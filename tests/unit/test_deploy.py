@@ -172,7 +172,7 @@ def test_kubernetes_restricts_tritons_admin_apis_with_the_key_of_a_secret_it_doe
     (env,) = [e for e in triton["env"] if e["name"] == "TRITON_ADMIN_KEY"]
     assert env["valueFrom"]["secretKeyRef"] == {"name": "triton-admin", "key": "key"}  # not optional
     assert not [o for o in k8s_objects() if o["kind"] == "Secret"], "a secret value is committed"
-    section = readme_section("Scale out on Kubernetes")
+    section = production_section("Scale out on Kubernetes")
     assert "create secret generic triton-admin" in section
     # The hot reload in every Triton pod, with the key Kubernetes gives Triton's container.
     assert 'os.environ["TRITON_ADMIN_KEY"]' in section and "/v2/repository/models/resnet50/load" in section
@@ -376,15 +376,16 @@ def test_a_stop_waits_longer_than_gunicorn_and_nginx_finish_their_requests() -> 
     assert duration(services["triton"]["stop_grace_period"]) > 30  # tritonserver's default --exit-timeout-secs
 
 
-def readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
+def production_section(title: str) -> str:
+    """A section of docs/production.md, where the deployments' commands are written for users to type."""
+    text = (ROOT / "docs" / "production.md").read_text()
     match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    assert match, f"README has no section {title!r}"
+    assert match, f"docs/production.md has no section {title!r}"
     return match.group(1)
 
 
 def commands(section: str) -> list[list[str]]:
-    """The shell commands of a README section's bash blocks, split at && and without VAR=value prefixes."""
+    """The shell commands of a docs section's bash blocks, split at && and without VAR=value prefixes."""
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", section, re.S))
     lines = re.sub(r"\\\n\s*", " ", re.sub(r"\$\([^)]*\)", "SUBST", blocks)).splitlines()
     found = []
@@ -416,8 +417,8 @@ def compose_call(cmd: list[str]) -> tuple[list[str], str, list[str]]:
     return profiles, args[0], positionals
 
 
-def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -> None:
-    section = readme_section("Deploy with docker compose on a GPU host")
+def test_documented_compose_commands_name_services_profiles_and_files_that_exist() -> None:
+    section = production_section("Deploy with docker compose on a GPU host")
     services, env = compose()["services"], shim_env()
     profiles = {p for s in services.values() for p in s.get("profiles", [])}
     calls = [compose_call(c) for c in commands(section) if c[:2] == ["docker", "compose"]]
@@ -428,8 +429,8 @@ def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -
             assert positionals[0] in services, (sub, positionals)
         if sub == "up":
             assert set(positionals) <= set(services), positionals
-        if sub == "exec" and positionals[0] == "shim":
-            assert env["SHIM_FLAG_FILE"] in positionals  # the flag file the README removes is the one in use
+        if sub == "exec" and positionals[0] == "shim":  # the traffic command, or removing the flag file in use
+            assert positionals[1] == "shim-traffic" or env["SHIM_FLAG_FILE"] in positionals, positionals
         if sub == "exec" and positionals[0] == "triton":  # the hot reload, with the key triton-keys writes
             script = positionals[-1]
             assert "/run/triton-keys/admin" in script and "/v2/repository/models/resnet50/load" in script
@@ -441,11 +442,11 @@ def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -
         assert (ROOT / name).is_file(), name
     for var in re.findall(r"\bSHIM_[A-Z_]+\b", section):
         assert var in SETTINGS_VARS | {"SHIM_WITH_LEGACY", "SHIM_MODEL_WEIGHTS"}, var
-    assert {"SHIM_MODE", "SHIM_ADMIN_TOKEN", "SHIM_FLAG_FILE"} <= set(env)
+    assert {"SHIM_MODE", "SHIM_FLAG_FILE"} <= set(env)
 
 
-def test_readme_kubernetes_commands_apply_files_that_exist() -> None:
-    cmds = commands(readme_section("Scale out on Kubernetes"))
+def test_documented_kubernetes_commands_apply_files_that_exist() -> None:
+    cmds = commands(production_section("Scale out on Kubernetes"))
     applied = [cmd[cmd.index(flag) + 1] for cmd in cmds if cmd[:1] == ["kubectl"]
                for flag in ("-f", "-k") if flag in cmd]
     assert "deploy/k8s" in applied and "deploy/k8s/prometheus-adapter/rules.yaml" in applied
@@ -477,7 +478,7 @@ def test_every_shim_pod_watches_the_fleet_traffic_configmap() -> None:
     (volume,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == configmap["metadata"]["name"]]
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
     assert env["SHIM_FLAG_FILE"] == f"{mount['mountPath']}/traffic.json" and mount["readOnly"]
-    section = readme_section("Scale out on Kubernetes")
+    section = production_section("Scale out on Kubernetes")
     assert f"create configmap {configmap['metadata']['name']}" in section
 
 
@@ -815,7 +816,7 @@ def shim_settings(where: str) -> Settings:
 @pytest.mark.parametrize("where", ["compose", "kubernetes"])
 def test_the_proxy_and_the_shim_agree_on_their_limits_wherever_both_are_set(where: str) -> None:
     """PROXY_MAX_BODY_MB = SHIM_MAX_UPLOAD_MB, PROXY_MAX_INFLIGHT <= SHIM_MAX_PENDING, the access log's port
-    (README "The proxy in front of gunicorn"), as devstack/proxy.py checks them for the tests."""
+    (docs/proxy.md), as devstack/proxy.py checks them for the tests."""
     settings, values = shim_settings(where), deployed_proxy_values(where)
     proxy.check_limits(values, settings)
     assert settings.proxy_log_address  # behind nginx, nginx's answers are counted

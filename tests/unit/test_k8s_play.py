@@ -1,7 +1,7 @@
 """make k8s-test's play-only changes and broken variants (tests/k8s/driver.py), checked without running a pod.
 
 The pods themselves run under `make k8s-test` (tests/k8s). Here: what it plays differs from what kustomize
-renders only where the README's "Kubernetes in CI" says, and each broken variant changes exactly one thing.
+renders only where docs/testing.md ("Kubernetes in CI") says, and each broken variant changes exactly one thing.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def allowed(kind: str, path: tuple[str, ...]) -> bool:
     return any(kind == k and path[:len(prefix)] == prefix for k, prefix in ALLOWED)
 
 
-def test_what_is_played_differs_from_the_rendered_manifests_only_where_the_readme_says(
+def test_what_is_played_differs_from_the_rendered_manifests_only_where_the_docs_say(
         rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     objects = rendered
     monkeypatch.setattr(k8s_test, "SECRET_DIRS", tmp_path / "secrets")  # where secret volumes' files go
@@ -84,7 +84,7 @@ def test_what_is_played_differs_from_the_rendered_manifests_only_where_the_readm
     assert all(p["hostIP"] == "127.0.0.1" for c in containers for p in c.get("ports", []))
     assert set(needed) <= set(stack_config["services"])
     assert len(plan.changes) >= 5 and all(len(change) > 40 for change in plan.changes)  # each says why
-    # The Secret that the README has the user create, made by the run: Triton's pod cannot start without it.
+    # The Secret that docs/production.md has the user create, made by the run: Triton's pod cannot start without it.
     assert plan.user_secrets == {"triton-admin": ["key"]}
     assert any("triton-admin: key" in change for change in plan.changes)
 
