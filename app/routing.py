@@ -25,7 +25,7 @@ from app import metrics
 from app.backends.base import Backend, Readiness
 from app.batching import Batcher
 from app.breaker import CircuitBreaker
-from app.errors import BackendError, CircuitOpen, DecodeRefused
+from app.errors import BackendError, CircuitOpen, ShimError
 from app.preprocess import Prepared
 from app.readiness import SharedCheck
 from app.rollback import AutoRollback
@@ -200,10 +200,14 @@ class Router:
                               f"{self.breaker.retry_in_s():.0f} s", backend=TRITON)
         try:
             logits = self._batchers[TRITON].submit(image, ctx.request_id, timeout_s=self._timeout_s)
-        except DecodeRefused:  # Triton answered: the image is at fault, not Triton
+        except BackendError:
+            self.breaker.record_failure()
+            self._record_triton(ok=False, decision=decision)
+            raise
+        except ShimError:  # Triton answered: the image is at fault (its decoder refused it), not Triton
             self.breaker.record_success()
             raise
-        except BackendError:
+        except BaseException:  # anything else too: a half-open probe must never be left without an outcome
             self.breaker.record_failure()
             self._record_triton(ok=False, decision=decision)
             raise

@@ -94,10 +94,13 @@ class ShadowRunner:
                 metrics.ENCODED_CPU_PATH.labels("decoder_refused").inc()
                 candidate = self._batcher.submit(dataclasses.replace(image, encoded=None), f"{request_id}-shadow",
                                                  timeout_s=self._timeout_s)
-        except ShimError as e:
+        except Exception as e:  # the shadow thread's outermost frame: every probe records an outcome
             self._breaker.record_failure()
             metrics.SHADOW_COMPARISONS.labels("error").inc()
-            log.debug("shadow request failed: %s", e.message)
+            if isinstance(e, ShimError):
+                log.debug("shadow request failed: %s", e.message)
+            else:
+                log.exception("shadow request failed unexpectedly")
             return
         finally:
             self._slots.release()

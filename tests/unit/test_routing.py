@@ -85,6 +85,36 @@ def test_breaker_opens_refuses_probes_once_and_closes() -> None:
     assert breaker.state == "closed" and breaker.allow() and breaker.allow()
 
 
+def test_a_probe_that_never_reports_lets_the_next_one_through_after_the_cool_down() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker("fake", failures=1, reset_s=10, clock=clock)
+    breaker.record_failure()
+    clock.advance(10)
+    assert breaker.allow(), "the probe"
+    clock.advance(9.9)
+    assert not breaker.allow(), "its outcome may still come"
+    clock.advance(0.1)
+    assert breaker.allow(), "a probe lost without an outcome must not hold the circuit half-open for ever"
+
+
+def test_a_probe_that_raises_a_bug_reopens_the_circuit(tmp_path: Path) -> None:
+    rig = make_router(tmp_path, mode=Mode.TRITON)
+    breaker = rig.router.breaker
+    for _ in range(3):
+        breaker.record_failure()
+    rig.clock.advance(60)
+    batcher = rig.router._batchers["triton"]
+
+    def bug(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a bug above the backend")
+
+    batcher.submit = bug  # type: ignore[method-assign]
+    with pytest.raises(ZeroDivisionError):
+        ask(rig.router, 1.0)
+    assert breaker.state == "open", "the probe's outcome was recorded, as a failure"
+    rig.router.close()
+
+
 def test_a_failed_batch_counts_one_failure_per_request() -> None:
     breaker = CircuitBreaker("fake", failures=5, reset_s=10, clock=FakeClock())
     breaker.record_failure(count=4)
