@@ -135,7 +135,7 @@ class ModelDescription:
             return (f"{self.path}: [preprocess] interpolation = {self.interpolation!r} is one that Triton's decode "
                     f"step cannot reproduce (it resizes with {', '.join(ENCODED_INTERPOLATIONS)}; torchvision has "
                     f"no tensor resize for {self.interpolation}), so SHIM_TRANSPORT=encoded cannot serve "
-                    f"{self.name}: use SHIM_TRANSPORT=auto, http, shm, uint8 or uint8-shm (the same answers as the "
+                    f"{self.name}: use SHIM_TRANSPORT=fp32 or uint8 (the same answers as the "
                     "legacy app, bit for bit)")
         return None
 

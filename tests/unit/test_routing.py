@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from app import metrics
 from app.batching import Batcher, Upstream
 from app.breaker import CircuitBreaker
 from app.errors import BackendUnavailable, CircuitOpen, FlagNotWritable
+from app.images import Upload
 from app.rollback import AutoRollback
 from app.routing import RequestContext, Router
 from app.settings import Mode
@@ -37,7 +41,7 @@ class Rig:
 
 
 def make_router(tmp_path: Path, *, mode: Mode, fallback: bool = False, auto_rollback: bool = False,
-                canary: int = 0, timeout_s: float = 30.0) -> Rig:
+                canary: int = 0, timeout_s: float = 30.0, turn: Any = contextlib.nullcontext) -> Rig:
     clock = FakeClock()
     upstream = Upstream()
     legacy, triton = EchoBackend("legacy"), EchoBackend("triton")
@@ -50,13 +54,14 @@ def make_router(tmp_path: Path, *, mode: Mode, fallback: bool = False, auto_roll
     flag = TrafficFlag(flag_path, TrafficState(mode=mode, canary_percent=canary), poll_s=60, clock=clock)
     rollback = AutoRollback(flag, error_rate=0.5, window_s=60, min_requests=4, clock=clock) if auto_rollback else None
     router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=fallback,
-                    timeout_s=timeout_s, rollback=rollback)
+                    timeout_s=timeout_s, rollback=rollback, turn=turn)
     return Rig(router, legacy, triton, clock, flag_path)
 
 
 def ask(router: Router, value: float, key: str = "k") -> tuple[float, str, str | None]:
     ctx = RequestContext(request_id=f"r{value}", routing_key=key)
-    routed = router.infer(image(value), ctx, router.decide(ctx))
+    decision, upload = router.decide(ctx), image(value)
+    routed = router.infer(upload, router.prepare(upload, decision), ctx, decision)
     return float(routed.logits[0]), routed.backend, routed.fallback_reason
 
 
@@ -144,6 +149,33 @@ def test_fallback_answers_from_legacy_and_says_why(tmp_path: Path) -> None:
     before = counter(metrics.FALLBACKS, "backend_unavailable")
     assert ask(rig.router, 1.0) == (1.0, "legacy", "backend_unavailable")
     assert counter(metrics.FALLBACKS, "backend_unavailable") == before + 1
+    rig.router.close()
+
+
+def test_fallback_prepares_the_upload_for_legacy_inside_the_decode_bound(tmp_path: Path) -> None:
+    """While Triton is down every pending request falls back at once: their decodes must wait their turn."""
+    held: list[bool] = []
+    inside = threading.local()
+
+    @contextlib.contextmanager
+    def turn() -> Iterator[None]:
+        inside.held = True
+        try:
+            yield
+        finally:
+            inside.held = False
+
+    rig = make_router(tmp_path, mode=Mode.TRITON, fallback=True, turn=turn)
+    real_prepare = rig.legacy.prepare
+
+    def prepare(upload: Upload) -> Any:
+        held.append(getattr(inside, "held", False))
+        return real_prepare(upload)
+
+    rig.legacy.prepare = prepare  # type: ignore[method-assign]
+    rig.triton.down = True
+    assert ask(rig.router, 4.0) == (4.0, "legacy", "backend_unavailable")
+    assert held == [True], "legacy's decode ran outside admission.turn()"
     rig.router.close()
 
 
