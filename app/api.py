@@ -39,7 +39,6 @@ def _start() -> None:
     g.request_id = offered if _VALID_REQUEST_ID.match(offered) else uuid.uuid4().hex
     g.token = REQUEST_ID.set(g.request_id)
     g.started, g.cpu_started = time.perf_counter(), time.thread_time()
-    metrics.take_inline_send()  # a fresh count for this request (app/batching.py's direct calls)
     bodies.guard(request.environ, current_app.config["MAX_CONTENT_LENGTH"])
 
 
@@ -56,7 +55,7 @@ def _finish(response: Response) -> Response:
         cpu = cpu_now - g.get("cpu_started", cpu_now)  # this thread's CPU, waits excluded
         metrics.REQUESTS.labels(backend, shim().router.mode.value, str(response.status_code)).inc()
         metrics.REQUEST_SECONDS.labels(backend).observe(elapsed)
-        metrics.CPU_SECONDS.labels("request", backend).inc(max(0.0, cpu - metrics.take_inline_send()))
+        metrics.CPU_SECONDS.labels("request", backend).inc(cpu)
         extra = {"status": response.status_code, "backend": backend, "duration_ms": round(elapsed * 1000, 2)}
         if "fallback" in g:
             extra["fallback"] = g.fallback

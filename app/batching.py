@@ -1,14 +1,11 @@
 """Collect the concurrent requests of one worker into one batched backend call.
 
-Each request thread submits one preprocessed image and waits for its own row of logits, at most until
-its deadline. Sender threads (each with its own backend client) take what is queued, stack it into one
-batch up to the backend's max batch size, make one call, and hand every request exactly its own
-answer, or its own error. A sender never dies: whatever a call raises, every request it took is
-answered and the sender goes on with the next batch.
-
-An image that carries only its upload's bytes, for a backend that takes them (the encoded transport: one
-image per Triton request, which Triton's own dynamic batcher merges), skips the queue: the request thread
-makes the call itself, with its own client, under the same metrics and error handling.
+Each request thread submits one item (what the backend's prepare() made of its upload) and waits for its
+own row of logits, at most until its deadline. Sender threads (each with its own backend client) take what
+is queued, up to the backend's max batch size, make one call, and hand every request exactly its own answer,
+or its own error (a row the backend answered with an error of that request's upload alone, too). A sender
+never dies: whatever a call raises, every request it took is answered and the sender goes on with the next
+batch.
 
 A sender waits for more requests only while others are on their way (admitted into the worker but
 still decoding or preprocessing: see Upstream) and never longer than the delay: a lone request goes out
@@ -27,14 +24,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from app import metrics
-from app.backends.base import ENCODED, Backend
-from app.errors import BackendError, BackendTimeout, BackendUnavailable
-from app.preprocess import Prepared
+from app.backends.base import Backend, Rows
+from app.errors import BackendError, BackendTimeout, BackendUnavailable, ShimError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +70,7 @@ class Upstream:
 
 @dataclass
 class _Pending:
-    image: Prepared
+    item: Any  # what the backend's prepare() made of the request's upload
     request_id: str
     future: Future[npt.NDArray[np.float32]] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
@@ -92,12 +89,10 @@ class Batcher:
         self._pid: int | None = None
         self._closed = False
 
-    def submit(self, image: Prepared, request_id: str, *, timeout_s: float) -> npt.NDArray[np.float32]:
-        """The logits row for this one image, within `timeout_s`; raises the request's own BackendError."""
-        if image.encoded is not None and self.backend.input_kind == ENCODED:
-            return self._direct(image, request_id)
+    def submit(self, item: Any, request_id: str, *, timeout_s: float) -> npt.NDArray[np.float32]:
+        """The logits row for this one item, within `timeout_s`; raises the request's own error."""
         self._ensure_started()
-        pending = _Pending(image, request_id)
+        pending = _Pending(item, request_id)
         with self._cond:
             if self._closed:
                 raise BackendUnavailable("the shim is shutting down", backend=self.backend.name)
@@ -116,25 +111,6 @@ class Batcher:
         except BackendError as e:
             metrics.BACKEND_ERRORS.labels(name, e.code).inc()
             raise
-
-    def _direct(self, image: Prepared, request_id: str) -> npt.NDArray[np.float32]:
-        """One image, one backend call, in this thread (its client's network timeout bounds the wait)."""
-        name = self.backend.name
-        started, cpu = time.perf_counter(), time.thread_time()
-        metrics.BATCH_SIZE.labels(name).observe(1)
-        try:
-            logits = self.backend.infer([image], [request_id])
-            if len(logits) != 1:
-                raise BackendError(f"{name} returned {len(logits)} answers for 1 request")
-            row: npt.NDArray[np.float32] = logits[0]
-            return row
-        except BackendError as e:
-            e.backend = name
-            metrics.BACKEND_ERRORS.labels(name, e.code).inc()
-            raise
-        finally:
-            metrics.STAGE_SECONDS.labels("infer", name).observe(time.perf_counter() - started)
-            metrics.add_inline_send(name, time.thread_time() - cpu)
 
     def close(self) -> None:
         with self._cond:
@@ -210,20 +186,27 @@ class Batcher:
                     self._send_alone(pending)
         else:
             for pending, row in zip(batch, logits, strict=True):
-                pending.future.set_result(row)
+                if isinstance(row, ShimError):  # this request's own error (its upload), not the batch's
+                    pending.future.set_exception(row)
+                else:
+                    pending.future.set_result(row)
         finally:
             metrics.STAGE_SECONDS.labels("infer", name).observe(time.perf_counter() - started)
             metrics.CPU_SECONDS.labels("send", name).inc(time.thread_time() - cpu)
 
-    def _infer(self, batch: list[_Pending]) -> npt.NDArray[np.float32]:
-        logits = self.backend.infer([p.image for p in batch], [p.request_id for p in batch])
+    def _infer(self, batch: list[_Pending]) -> Rows:
+        logits = self.backend.infer([p.item for p in batch], [p.request_id for p in batch])
         if len(logits) != len(batch):
             raise BackendError(f"{self.backend.name} returned {len(logits)} answers for {len(batch)} requests")
         return logits
 
     def _send_alone(self, pending: _Pending) -> None:
         try:
-            pending.future.set_result(self._infer([pending])[0])
+            row = self._infer([pending])[0]
+            if isinstance(row, ShimError):
+                pending.future.set_exception(row)
+            else:
+                pending.future.set_result(row)
         except BackendError as e:
             self._fail([pending], e)
 

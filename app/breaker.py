@@ -7,7 +7,8 @@ Triton call at a time per worker and defeat batching; `circuitbreaker` takes no 
 
   closed     calls pass; `failures` consecutive failures open the circuit
   open       calls are refused for `reset_s`, or until the backend answers a health check (probe_now)
-  half-open  one probe call passes; its success closes the circuit, its failure opens it again
+  half-open  one probe call passes; its success closes the circuit, its failure opens it again; a probe
+             that reports nothing within `reset_s` (a caller that lost its outcome) lets the next one through
 
 While the circuit is open, a background thread asks `health` every `health_interval_s` (a readiness
 check with its own short timeouts), so that a backend that comes back is used again within about a
@@ -45,6 +46,7 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._probing = False
+        self._probe_at = 0.0
         self._closed = False
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # the watcher waits on it between openings
@@ -70,8 +72,8 @@ class CircuitBreaker:
                 return True
             if self._state == self.OPEN and self._clock() - self._opened_at >= self._reset_s:
                 self._state, self._probing = self.HALF_OPEN, False
-            if self._state == self.HALF_OPEN and not self._probing:
-                self._probing = True
+            if self._state == self.HALF_OPEN and (not self._probing or self._clock() - self._probe_at >= self._reset_s):
+                self._probing, self._probe_at = True, self._clock()
                 return True
             return False
 

@@ -135,7 +135,7 @@ class ModelDescription:
             return (f"{self.path}: [preprocess] interpolation = {self.interpolation!r} is one that Triton's decode "
                     f"step cannot reproduce (it resizes with {', '.join(ENCODED_INTERPOLATIONS)}; torchvision has "
                     f"no tensor resize for {self.interpolation}), so SHIM_TRANSPORT=encoded cannot serve "
-                    f"{self.name}: use SHIM_TRANSPORT=auto, http, shm, uint8 or uint8-shm (the same answers as the "
+                    f"{self.name}: use SHIM_TRANSPORT=fp32 or uint8 (the same answers as the "
                     "legacy app, bit for bit)")
         return None
 
@@ -183,7 +183,7 @@ def compare_parameters(served: Mapping[str, str], wanted: Mapping[str, str], *, 
     """Where the `parameters` a config serves differ from those a description implies, one phrase each: the ones it
     serves (every=False: a hand-written config without them is not compared), or all of them both ways
     (every=True: for a step that reads them, where an absent one changes what it does). The one comparison of the
-    shim's readiness (app/backends/triton.py), the embedded server's check and the agreement bench."""
+    shim's readiness (app/backends/triton/checks.py), the embedded server's check and the agreement bench."""
     keys = [k for k in wanted if k in served] if not every else sorted(set(served) | set(wanted))
     return [f"{k}={served[k]!r}, {described} says {wanted[k]!r}" if k in served and k in wanted else
             f"{k} not served, {described} says {wanted[k]!r}" if k in wanted else

@@ -6,7 +6,6 @@ translates them into the contract's error body at the edge, and nowhere else.
     │   ├── MissingImage (missing_image)   no multipart field `image`
     │   ├── EmptyImage (empty_image)       the file is empty
     │   ├── InvalidImage (invalid_image)   not a decodable image
-    │   │   └── DecodeRefused              Triton's decoder refused a forwarded upload (the shim decodes it itself)
     │   ├── BrokenBody (invalid_body)      a truncated body or broken chunked encoding
     │   └── InvalidTraffic (invalid_traffic)  a traffic update the admin API or flag file refuses
     ├── Unauthorized (401)                 admin API without a bearer token
@@ -65,16 +64,6 @@ class EmptyImage(InvalidRequest):
 class InvalidImage(InvalidRequest):
     code = "invalid_image"
     default_message = "the uploaded file is not a readable image"
-
-
-class DecodeRefused(InvalidImage):
-    """Triton's decode step (the encoded transport) could not read an upload the shim forwarded to it.
-
-    Never a client's answer on its own: the shim then decodes the upload itself (app/service.py), so the
-    client gets exactly what the legacy app answers (400 invalid_image when Pillow cannot read it either).
-    """
-
-    default_message = "Triton's decoder refused the image"
 
 
 class BrokenBody(InvalidRequest):

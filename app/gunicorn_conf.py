@@ -83,14 +83,9 @@ def when_ready(server: Any) -> None:
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    from app.backends.shm import forget_dead_owners
     from app.metrics import mark_worker_dead
 
     mark_worker_dead(worker.pid)
-    if _settings.transport in ("auto", "shm", "uint8-shm"):
-        # A worker that was killed could not unregister its shared memory: the master does it for it (and for
-        # any other owner that is gone: its flock on its lock file in /dev/shm went with its process).
-        forget_dead_owners(_settings.triton_host_port, _settings.triton_admin_headers)
 
 
 def worker_exit(server: Any, worker: Any) -> None:

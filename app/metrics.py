@@ -7,7 +7,6 @@ starts, so each worker writes its values there and /metrics adds them up across 
 from __future__ import annotations
 
 import os
-import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess as _multiprocess
@@ -28,8 +27,7 @@ STAGE_SECONDS = Histogram(
 CPU_SECONDS = Counter(
     "shim_cpu_seconds", "CPU time of the shim's own threads for POST /predict, by part: request (a request "
     "thread from the app's first line to its answer, the stages included), decode, preprocess, postprocess "
-    "(its stages), send (building, sending and reading one backend call: a batch sender's, or with the encoded "
-    "transport the request thread's own, then not counted in request); what a worker "
+    "(its stages), send (building, sending and reading one backend call, by a batch sender); what a worker "
     "spends beyond these is gunicorn's (HTTP parsing, socket writes, its thread pool)", ["part", "backend"])
 CPU_PARTS = ("request", "decode", "preprocess", "postprocess", "send")
 BATCH_SIZE = Histogram(
@@ -69,7 +67,7 @@ ENCODED_CPU_PATH = Counter(
     "(the shim answers 400), decoder_refused (Triton's decoder refused it: the shim answered as the legacy app "
     "does)", ["reason"])
 TRANSPORT = Gauge(
-    "shim_transport", "1 for the transport a worker sends to Triton with (SHIM_TRANSPORT, as settled)",
+    "shim_transport", "1 for the transport a worker sends to Triton with (SHIM_TRANSPORT)",
     ["transport"], multiprocess_mode="liveall")
 PROXY_RESPONSES = Counter(
     "shim_proxy_responses", "Answers of the nginx in front of the shim (deploy/nginx), from its access log "
@@ -79,11 +77,10 @@ INFLIGHT = Gauge(
     "shim_inflight_requests", "POST /predict requests being handled now", multiprocess_mode="livesum")
 
 
-TRANSPORTS = ("http", "shm", "uint8", "uint8-shm", "encoded")
+TRANSPORTS = ("fp32", "uint8", "encoded")  # app/backends/triton: SHIM_TRANSPORT
 FALLBACK_REASONS = ("backend_unavailable", "backend_timeout", "backend_error", "circuit_open")
 SHADOW_RESULTS = ("match", "mismatch", "error", "skipped")
 ENCODED_REASONS = ("format", "jpeg_mode", "limits", "unreadable", "decoder_refused")  # app/sniff.py
-_THREAD = threading.local()
 BACKEND_ERROR_CODES = ("backend_unavailable", "backend_timeout", "backend_error", "queue_timeout", "circuit_open")
 # Why nginx answered a request itself (deploy/nginx/nginx.conf.template, map $shim_refusal).
 PROXY_REASONS = ("client_limit", "overloaded", "too_large", "invalid_body", "bad_request", "client_timeout",
@@ -108,20 +105,6 @@ def initialize(backends: tuple[str, ...] = ("legacy", "triton")) -> None:
         CIRCUIT_OPEN.labels(backend).set(0)
         for code in BACKEND_ERROR_CODES:
             BACKEND_ERRORS.labels(backend, code)
-
-
-def add_inline_send(backend: str, seconds: float) -> None:
-    """A backend call made by a request thread itself (the encoded transport): its CPU is part `send`, and
-    take_inline_send() lets the request's own `request` figure leave it out, so that the parts still add up."""
-    CPU_SECONDS.labels("send", backend).inc(seconds)
-    _THREAD.send = getattr(_THREAD, "send", 0.0) + seconds
-
-
-def take_inline_send() -> float:
-    """CPU seconds this thread counted as `send` since the last call (and reset)."""
-    seconds: float = getattr(_THREAD, "send", 0.0)
-    _THREAD.send = 0.0
-    return seconds
 
 
 def publish_transport(transport: str) -> None:

@@ -5,7 +5,8 @@
     shadow  legacy answers; a share of requests is also sent to Triton off the request path, compared
     canary  a sticky share of clients (by targeting key) is answered by Triton, the rest by legacy
 
-In triton and canary modes a failed Triton call is answered by legacy when fallback is on (counted);
+In triton and canary modes a failed Triton call is answered by legacy when fallback is on (counted), the
+upload prepared for legacy under the worker's decode bound (`turn`, app/admission.py);
 a circuit breaker stops calling Triton after repeated failures and probes it after a cool-down; and,
 when enabled, a Triton error rate over the threshold drops the canary share to 0 (app/rollback.py).
 Router.infer says what happened: the logits, the backend that answered, and why, if it fell back.
@@ -13,10 +14,14 @@ Router.infer says what happened: the logits, the backend that answered, and why,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,8 +30,8 @@ from app import metrics
 from app.backends.base import Backend, Readiness
 from app.batching import Batcher
 from app.breaker import CircuitBreaker
-from app.errors import BackendError, CircuitOpen, DecodeRefused
-from app.preprocess import Prepared
+from app.errors import BackendError, CircuitOpen, ShimError
+from app.images import Upload
 from app.readiness import SharedCheck
 from app.rollback import AutoRollback
 from app.settings import MODES_USING_LEGACY, Mode
@@ -78,8 +83,10 @@ def sends_to_triton(state: TrafficState) -> bool:
 class Router:
     def __init__(self, *, flag: TrafficFlag, batchers: dict[str, Batcher], breaker: CircuitBreaker,
                  shadow: ShadowRunner, fallback: bool, timeout_s: float, rollback: AutoRollback | None = None,
-                 triton_check: SharedCheck | None = None) -> None:
+                 triton_check: SharedCheck | None = None,
+                 turn: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext) -> None:
         self.flag = flag
+        self._turn = turn
         self.breaker = breaker
         self.fallback = fallback
         self._batchers = batchers
@@ -124,31 +131,28 @@ class Router:
             self._legacy().start()  # a switch to a mode that needs it: load it now, once
         return decision
 
-    def input_kind(self, decision: Decision) -> str:
-        """What the backend asked first takes: a request thread prepares exactly that."""
-        return self._batchers[decision.backend].backend.input_kind
+    def prepare(self, upload: Upload, decision: Decision) -> Any:
+        """In the request's own thread: what the backend asked first makes of the upload (app/backends/base.py)."""
+        return self._batchers[decision.backend].backend.prepare(upload)
 
-    @property
-    def triton_kind(self) -> str:
-        """What the Triton backend takes ("encoded": uploads as they came, for shadow calls too)."""
-        return self._batchers[TRITON].backend.input_kind
-
-    def infer(self, image: Prepared, ctx: RequestContext, decision: Decision) -> Routed:
-        """Logits from the decided backend, or from legacy when Triton fails and fallback is on."""
+    def infer(self, upload: Upload, item: Any, ctx: RequestContext, decision: Decision) -> Routed:
+        """Logits from the decided backend (`item`: what it prepared), or from legacy when Triton fails and
+        fallback is on."""
         if decision.backend == LEGACY:
-            logits = self._batchers[LEGACY].submit(image, ctx.request_id, timeout_s=self._timeout_s)
+            logits = self._batchers[LEGACY].submit(item, ctx.request_id, timeout_s=self._timeout_s)
             if decision.shadow:
-                self._shadow.offer(image, logits, ctx.request_id)
+                self._shadow.offer(upload, logits, ctx.request_id)
             return Routed(logits, LEGACY)
         try:
-            return Routed(self._triton(image, ctx, decision), TRITON)
+            return Routed(self._triton(item, ctx, decision), TRITON)
         except BackendError as e:
             if not decision.fallback:
                 raise
             reason = "circuit_open" if isinstance(e, CircuitOpen) else e.code
             metrics.FALLBACKS.labels(reason).inc()
-            image.fp32()  # an upload sent as it came is decoded here, in the request thread (its 400 is legacy's)
-            logits = self._batchers[LEGACY].submit(image, ctx.request_id, timeout_s=self._timeout_s)
+            with self._turn():  # while Triton is down every pending request decodes here: in turn, bounded
+                legacy_item = self._legacy().prepare(upload)  # raises the contract's 400 / 413, legacy's
+            logits = self._batchers[LEGACY].submit(legacy_item, ctx.request_id, timeout_s=self._timeout_s)
             return Routed(logits, LEGACY, fallback_reason=reason)
 
     def readiness(self) -> ReadinessReport:
@@ -192,18 +196,22 @@ class Router:
             self.breaker.probe_now()  # Triton answers again: an open circuit lets the next request probe it
         return checked.readiness
 
-    def _triton(self, image: Prepared, ctx: RequestContext, decision: Decision) -> npt.NDArray[np.float32]:
+    def _triton(self, item: Any, ctx: RequestContext, decision: Decision) -> npt.NDArray[np.float32]:
         if not self.breaker.allow():
             metrics.BACKEND_ERRORS.labels(TRITON, "circuit_open").inc()
             self._record_triton(ok=False, decision=decision)  # refused is failed, for the clients it hits
             raise CircuitOpen(f"Triton is failing: its circuit is open; next probe in "
                               f"{self.breaker.retry_in_s():.0f} s", backend=TRITON)
         try:
-            logits = self._batchers[TRITON].submit(image, ctx.request_id, timeout_s=self._timeout_s)
-        except DecodeRefused:  # Triton answered: the image is at fault, not Triton
+            logits = self._batchers[TRITON].submit(item, ctx.request_id, timeout_s=self._timeout_s)
+        except BackendError:
+            self.breaker.record_failure()
+            self._record_triton(ok=False, decision=decision)
+            raise
+        except ShimError:  # Triton answered: the upload is at fault (nor Triton nor the shim could read it)
             self.breaker.record_success()
             raise
-        except BackendError:
+        except BaseException:  # anything else too: a half-open probe must never be left without an outcome
             self.breaker.record_failure()
             self._record_triton(ok=False, decision=decision)
             raise

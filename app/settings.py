@@ -17,7 +17,9 @@ from app.errors import SettingsError
 __all__ = ["Mode", "Settings", "SettingsError"]
 T = TypeVar("T")
 PREFIX = "SHIM_"
-TRANSPORTS = ("auto", "http", "shm", "uint8", "uint8-shm", "encoded")  # app/backends/triton.py says what each does
+TRANSPORTS = ("fp32", "uint8", "encoded")  # app/backends/triton/__init__.py says what each does
+# Transports that are gone, and what replaces each (shared memory and `auto`: bench/RESULTS.md).
+REPLACED_TRANSPORTS = {"http": "fp32", "shm": "fp32", "uint8-shm": "uint8", "auto": "fp32"}
 # SHIM_* names that are not settings of the shim but are read elsewhere, so never a typo: the first name of
 # SHIM_MODE, the model export's (modelrepo/export.py, compose's model-export), compose's build argument
 # and bench/gpu_host.sh's shim address. Any other unknown SHIM_* name stops start-up (a typo would be ignored).
@@ -49,10 +51,9 @@ class Settings:
     model_name: str = "resnet50"
     model_version: str = ""  # "" = the version Triton's policy serves (the newest, by default)
     triton_connect_timeout_s: float = 1.0
-    transport: str = "auto"  # auto | http | shm | uint8 | uint8-shm | encoded: how images travel to Triton
+    transport: str = "fp32"  # fp32 | uint8 | encoded: how images travel to Triton
     uint8_model: str = ""  # the ensemble that takes pixels (uint8 transports); "" = <model_name>_uint8
     encoded_model: str = ""  # the ensemble that decodes uploads (the encoded transport); "" = <model_name>_encoded
-    shm_mode: str = "0600"  # file mode of the shared memory regions; 0666 when Triton runs as another user
     triton_timeout_s: float = 10.0  # the longest a request waits for its answer (batch queue + Triton), 504 beyond
     readiness_timeout_s: float = 1.0  # /readyz answers within about this, 503 when Triton does not
     # Triton's restricted APIs (shared memory, model repository, ...): the header and key they need
@@ -119,9 +120,10 @@ class Settings:
         _check(bool(host) and port.isdigit() and "/" not in host, "triton_url", self.triton_url,
                "host:port, e.g. 127.0.0.1:8000 or triton:8000")
         _check(bool(self.model_name), "model_name", self.model_name, "a model name")
+        if self.transport in REPLACED_TRANSPORTS:
+            raise SettingsError(f"SHIM_TRANSPORT={self.transport} is gone (shared memory and auto were removed): "
+                                f"set SHIM_TRANSPORT={REPLACED_TRANSPORTS[self.transport]}")
         _check(self.transport in TRANSPORTS, "transport", self.transport, " | ".join(TRANSPORTS))
-        _check(re.fullmatch(r"0?[0-7]{3}", self.shm_mode) is not None, "shm_mode", self.shm_mode,
-               "an octal file mode such as 0600 or 0666")
         _check(self.model_version == "" or self.model_version.isdigit(), "model_version", self.model_version,
                "empty (the served version) or a version number")
         for name in ("triton_connect_timeout_s", "triton_timeout_s", "readiness_timeout_s", "max_upload_mb",
@@ -189,10 +191,6 @@ class Settings:
         """The header Triton's restricted APIs (shared memory, model repository) need; {} when unrestricted."""
         key = self._admin_key_read or self.triton_admin_key
         return {self.triton_admin_header: key} if key else {}
-
-    @property
-    def shm_mode_bits(self) -> int:
-        return int(self.shm_mode, 8)
 
     @property
     def max_upload_bytes(self) -> int:

@@ -1,4 +1,4 @@
-"""Shadow traffic: the client gets the legacy answer; Triton's answer to the same tensor is compared.
+"""Shadow traffic: the client gets the legacy answer; Triton's answer to the same upload is compared.
 
 Shadow calls run on a small pool of threads off the request path. At most `max_inflight` run at once
 per worker; a request that finds them all busy is not shadowed (counted as skipped), so a slow or dead
@@ -8,7 +8,6 @@ and a few mismatches per minute are logged with both top-k lists.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -22,8 +21,8 @@ import numpy.typing as npt
 from app import metrics
 from app.batching import Batcher
 from app.breaker import CircuitBreaker
-from app.errors import DecodeRefused, ShimError
-from app.preprocess import Prepared
+from app.errors import ShimError
+from app.images import Upload
 from app.scores import Scores, best, softmax
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,7 @@ class ShadowRunner:
         self._pid = 0
         self._lock = threading.Lock()
 
-    def offer(self, image: Prepared, legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
+    def offer(self, upload: Upload, legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
         """Shadow this request if a slot is free and the circuit allows; never blocks."""
         if not self._slots.acquire(blocking=False):
             metrics.SHADOW_COMPARISONS.labels("skipped").inc()
@@ -73,7 +72,7 @@ class ShadowRunner:
             self._slots.release()
             metrics.SHADOW_COMPARISONS.labels("skipped").inc()
             return
-        self._executor().submit(self._run, image, legacy_logits, request_id)
+        self._executor().submit(self._run, upload, legacy_logits, request_id)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -86,18 +85,17 @@ class ShadowRunner:
                 self._pid = os.getpid()
             return self._pool
 
-    def _run(self, image: Prepared, legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
-        try:
-            try:
-                candidate = self._batcher.submit(image, f"{request_id}-shadow", timeout_s=self._timeout_s)
-            except DecodeRefused:  # the encoded transport would decode it in the shim: compare that answer
-                metrics.ENCODED_CPU_PATH.labels("decoder_refused").inc()
-                candidate = self._batcher.submit(dataclasses.replace(image, encoded=None), f"{request_id}-shadow",
-                                                 timeout_s=self._timeout_s)
-        except ShimError as e:
+    def _run(self, upload: Upload, legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
+        try:  # prepared here, off the request path: the upload sent as Triton's backend would send it
+            item = self._batcher.backend.prepare(upload)
+            candidate = self._batcher.submit(item, f"{request_id}-shadow", timeout_s=self._timeout_s)
+        except Exception as e:  # the shadow thread's outermost frame: every probe records an outcome
             self._breaker.record_failure()
             metrics.SHADOW_COMPARISONS.labels("error").inc()
-            log.debug("shadow request failed: %s", e.message)
+            if isinstance(e, ShimError):
+                log.debug("shadow request failed: %s", e.message)
+            else:
+                log.exception("shadow request failed unexpectedly")
             return
         finally:
             self._slots.release()

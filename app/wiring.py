@@ -43,19 +43,17 @@ def triton_backend(settings: Settings, served: Served, *, max_batch_size: int | 
     """The Triton backend of these settings and this model's description: the shim's, and the migration report's
     (report/replay.py, one image per call). Every model name, tensor shape and preprocessing parameter it
     checks at readiness comes from the description; the settings override the ensembles' names."""
-    from app.backends.triton import TritonBackend
+    from app.backends.triton import Target, TritonBackend, transport_for
 
     description = served.description
-    return TritonBackend(
-        url=settings.triton_host_port, model=description.name, version=settings.model_version,
-        connect_timeout_s=settings.triton_connect_timeout_s, network_timeout_s=settings.triton_timeout_s,
-        readiness_timeout_s=settings.readiness_timeout_s, image_shape=served.spec.shape, classes=description.classes,
-        max_batch_size=settings.max_batch_size if max_batch_size is None else max_batch_size,
-        transport=settings.transport, shm_mode=settings.shm_mode_bits, parameters=description.parameters(),
-        uint8_model=settings.uint8_model or description.uint8_model,
-        encoded_model=settings.encoded_model or description.encoded_model,
-        decode_parameters=description.decode_parameters(), encoded_refusal=description.encoded_refusal(),
-        admin_headers=settings.triton_admin_headers)
+    target = Target(url=settings.triton_host_port, model=description.name, version=settings.model_version,
+                    crop=served.spec.crop, classes=description.classes, parameters=description.parameters(),
+                    uint8_model=settings.uint8_model or description.uint8_model,
+                    encoded_model=settings.encoded_model or description.encoded_model,
+                    decode_parameters=description.decode_parameters(), encoded_refusal=description.encoded_refusal())
+    return TritonBackend(transport_for(settings)(target), connect_timeout_s=settings.triton_connect_timeout_s,
+                         network_timeout_s=settings.triton_timeout_s, readiness_timeout_s=settings.readiness_timeout_s,
+                         max_batch_size=settings.max_batch_size if max_batch_size is None else max_batch_size)
 
 
 def build_backends(settings: Settings, served: Served) -> dict[str, Backend]:
@@ -104,12 +102,13 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     flag = TrafficFlag(settings.flag_file, initial, poll_s=settings.flag_poll_s, legacy_lacks=legacy_lacks)
     rollback = AutoRollback(flag, error_rate=settings.rollback_error_rate, window_s=settings.rollback_window_s,
                             min_requests=settings.rollback_min_requests) if settings.auto_rollback else None
-    router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=settings.fallback,
-                    timeout_s=settings.triton_timeout_s, rollback=rollback, triton_check=triton_check)
-    if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
-        chosen[LEGACY].start()  # load now, in the background, rather than on the first request
     admission = Admission(max_pending=settings.max_pending, slots=settings.decode_slots,
                           retry_after_s=settings.retry_after_s)
+    router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=settings.fallback,
+                    timeout_s=settings.triton_timeout_s, rollback=rollback, triton_check=triton_check,
+                    turn=admission.turn)
+    if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
+        chosen[LEGACY].start()  # load now, in the background, rather than on the first request
     capture = Capture(settings.capture_dir, per_minute=settings.capture_per_minute,
                       max_bytes=int(settings.capture_max_mb * 1024 * 1024)) if settings.capture_dir else None
     service = PredictService(model_name=served.name, spec=served.spec, labels=served.labels, top_k=served.top_k,

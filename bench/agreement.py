@@ -74,7 +74,7 @@ class DecodeStep:
         config = self._client().get_model_config(model)
         self.parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.instances = config.get("instance_group", [])
-        (inp,), (out,) = config["input"], config["output"]
+        (inp,), (out, *_) = config["input"], config["output"]  # the tensor, then `readable`
         self.input_name, self.output_name = inp["name"], out["name"]
 
     def check(self, description: ModelDescription) -> None:
@@ -98,16 +98,10 @@ class DecodeStep:
 
     def tensor(self, data: bytes) -> np.ndarray | None:
         """The step's FP32 [3, crop, crop] for one upload; None when it refuses the upload."""
-        from tritonclient.utils import InferenceServerException
-
-        tensor = self._http.InferInput(self.input_name, [1, len(data)], "UINT8")
-        tensor.set_data_from_numpy(np.frombuffer(data, np.uint8).reshape(1, -1), binary_data=True)
-        try:
-            return np.asarray(self._client().infer(self.model, [tensor]).as_numpy(self.output_name)[0])
-        except InferenceServerException as e:
-            if "[decode_refused]" in str(e):
-                return None
-            raise
+        result = self._client().infer(self.model, [bytes_input(self._http, self.input_name, data)])
+        if not result.as_numpy("readable")[0, 0]:
+            return None
+        return np.asarray(result.as_numpy(self.output_name)[0])
 
     def close(self) -> None:
         for client in self._clients:
@@ -293,3 +287,10 @@ def main(argv: Sequence[str] | None = None, on_ready: Callable[[DecodeStep], Non
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def bytes_input(httpclient: Any, name: str, data: bytes) -> Any:
+    """One upload as the decode step and the encoded ensemble take it: BYTES [1, 1]."""
+    tensor = httpclient.InferInput(name, [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_), binary_data=True)
+    return tensor

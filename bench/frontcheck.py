@@ -6,7 +6,7 @@ row's CPU per image in the shim and in Triton, what a GPU host would serve, and 
                      went to a GPU and the shim had the cores to itself. An estimate from CPU per image, not a
                      measurement (bench/device_check.sh measures it on a GPU host).
   encoded target     the shim's CPU per image with `encoded` <= 0.4 x its CPU per image with the best tensor
-                     transport (the lowest of http, shm, uint8, uint8-shm), the same run.
+                     transport (the lower of fp32 and uint8), the same run.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 ENCODED_TARGET = 0.4
-TENSOR_TRANSPORTS = ("http", "shm", "uint8", "uint8-shm")
+TENSOR_TRANSPORTS = ("fp32", "uint8")
 
 
 def _f(value: float | None, digits: int = 2) -> str:

@@ -47,12 +47,10 @@ CONFIGS = ORDER
 
 
 def shim_transports() -> tuple[str, ...]:
-    """The shim's SHIM_TRANSPORT values, one front-end row each: its own list (app.settings.TRANSPORTS) less
-    "auto", which settles on one of the others; the issue's three for a shim from before the setting."""
+    """The shim's SHIM_TRANSPORT values, one front-end row each: its own list (app.settings.TRANSPORTS)."""
     from app import settings
 
-    names = getattr(settings, "TRANSPORTS", None)
-    return tuple(t for t in names if t != "auto") if names else ("http", "shm", "uint8")
+    return tuple(settings.TRANSPORTS)
 
 
 TRANSPORTS = shim_transports()

@@ -190,8 +190,8 @@ model_warmup [
 
 
 def _ensemble(d: ModelDescription, *, name: str, about: str, input_name: str, input_dims: str, first: str,
-              fed: str) -> str:
-    """An ensemble of a description: UINT8 `input_name` -> the `first` step -> the model (fed `fed`) -> its logits."""
+              fed: str, data_type: str = "TYPE_UINT8", more_outputs: str = "") -> str:
+    """An ensemble of a description: `input_name` -> the `first` step -> the model (fed `fed`) -> its logits."""
     return f"""{header(d)}{about}\
 name: "{name}"
 platform: "ensemble"
@@ -200,7 +200,7 @@ max_batch_size: {d.max_batch_size}
 input [
   {{
     name: "{input_name}"
-    data_type: TYPE_UINT8
+    data_type: {data_type}
     dims: {input_dims}
   }}
 ]
@@ -209,7 +209,7 @@ output [
     name: "output__0"
     data_type: TYPE_FP32
     dims: [ {d.classes} ]
-  }}
+  }}{more_outputs}
 ]
 
 ensemble_scheduling {{
@@ -231,12 +231,13 @@ def uint8_ensemble(description: ModelDescription) -> str:
                      first=first, fed="normalized")
 
 
-def _step(model: str, input_name: str, source: str, output_name: str, target: str, version: int = -1) -> str:
+def _step(model: str, input_name: str, source: str, output_name: str, target: str, version: int = -1,
+          more: str = "") -> str:
     return f"""    {{
       model_name: "{model}"
       model_version: {version}
       input_map {{ key: "{input_name}" value: "{source}" }}
-      output_map {{ key: "{output_name}" value: "{target}" }}
+      output_map {{ key: "{output_name}" value: "{target}" }}{more}
     }}"""
 
 
@@ -251,16 +252,17 @@ DECODE_SOURCE = Path(__file__).with_name("triton_models") / "decode.py"
 
 
 def decode_config(description: ModelDescription, kind: str = GPU) -> str:
-    """The encoded transport's first step: one upload's bytes (UINT8 [-1], ragged) -> FP32 [3, crop, crop]."""
+    """The encoded transport's first step: an upload's bytes per row (BYTES [1]) -> FP32 [3, crop, crop], and
+    READABLE (BOOL [1]): whether it could."""
     d = description
     return f"""{CPU_NOTE if kind == CPU else ""}{header(d)}\
-# The `encoded` transport's first step: the upload's bytes as they came (UINT8, one image per request) ->
+# The `encoded` transport's first step: the uploads' bytes as they came (BYTES, one upload per row) ->
 # decode, Resize, CenterCrop, ToTensor, Normalize on the instance's device -> the FP32 tensor {d.name} takes.
 # nvImageCodec decodes (nvJPEG on a GPU, libjpeg-turbo on a CPU); torch resizes, crops and normalises
 # (1/model.py, a copy of the shim's modelrepo/triton_models/decode.py written by the export, never committed).
 # The parameters are the description's [preprocess]; model.py reads them, as strings, and the shim checks
-# them at readiness. Requests of different lengths batch together (allow_ragged_batch): each is decoded on
-# its own and answered on its own, an error for an image the decoder refuses, which fails no other request.
+# them at readiness. Each row is decoded on its own; `readable` is false for a row the decoder refuses (its
+# tensor zeros), which fails no other row: the shim decodes that upload itself.
 name: "{d.decode_model}"
 backend: "python"
 max_batch_size: {d.max_batch_size}
@@ -268,9 +270,8 @@ max_batch_size: {d.max_batch_size}
 input [
   {{
     name: "encoded"
-    data_type: TYPE_UINT8
-    dims: [ -1 ]
-    allow_ragged_batch: true
+    data_type: TYPE_STRING
+    dims: [ 1 ]
   }}
 ]
 output [
@@ -278,7 +279,8 @@ output [
     name: "decoded"
     data_type: TYPE_FP32
     dims: {_dims(d.input_shape)}
-  }}
+  }},
+{READABLE_OUTPUT}
 ]
 
 parameters [
@@ -298,14 +300,23 @@ dynamic_batching {{
 """
 
 
+READABLE_OUTPUT = """  {
+    name: "readable"
+    data_type: TYPE_BOOL
+    dims: [ 1 ]
+  }"""
+
+
 def encoded_ensemble(description: ModelDescription) -> str:
     d = description
-    about = (f"# Ensemble for the shim's `encoded` transport: the upload's bytes (UINT8 [1, n], one image per request) "
+    about = (f"# Ensemble for the shim's `encoded` transport: the uploads' bytes (BYTES [N, 1], one per row) "
              f"->\n# {d.decode_model} (decode, resize, crop, normalise on the GPU) -> {d.name}. Triton's dynamic "
-             "batchers merge\n# the requests of every shim worker at each step; an image the decoder refuses fails "
-             "only its own request.\n")
-    return _ensemble(d, name=d.encoded_model, about=about, input_name="encoded", input_dims="[ -1 ]",
-                     first=_step(d.decode_model, "encoded", "encoded", "decoded", "decoded"), fed="decoded")
+             "batchers merge\n# the requests of every shim worker at each step; `readable` is false for a row the "
+             "decoder refused.\n")
+    first = _step(d.decode_model, "encoded", "encoded", "decoded", "decoded",
+                  more='\n      output_map { key: "readable" value: "readable" }')
+    return _ensemble(d, name=d.encoded_model, about=about, input_name="encoded", input_dims="[ 1 ]", first=first,
+                     fed="decoded", data_type="TYPE_STRING", more_outputs=",\n" + READABLE_OUTPUT)
 
 
 ENSEMBLE_README = "An ensemble has no files of its own; Triton needs this version folder to exist.\n"

@@ -17,7 +17,6 @@ stops with `Unusable` (exit 2) before any image is counted.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import http.client
 import importlib
@@ -38,15 +37,14 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from app.backends.base import ENCODED
 from app.contract import IMAGE_FIELD, Prediction
 from app.description import resolve
-from app.errors import DecodeRefused, ShimError
-from app.preprocess import ImageSpec, Prepared, decode, prepare
+from app.errors import ShimError
+from app.images import Upload
+from app.preprocess import ImageSpec
 from app.scores import SCORE_FUNCTIONS, softmax
 from app.service import top_k
 from app.settings import Settings, SettingsError
-from app.sniff import cpu_reason
 from report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits, from_top_k
 
 BACKEND_HEADER = "X-Shim-Backend"  # app/api.py: on requests the override, on answers who answered
@@ -66,7 +64,7 @@ class Loaded:
     index: int
     name: str
     data: bytes
-    prepared: Prepared
+    upload: Upload  # decoded once (its tensor made at load), what each backend prepares from
 
 
 @dataclass(frozen=True)
@@ -116,8 +114,9 @@ def load(index: int, name: str, path: Path, spec: ImageSpec) -> Loaded | str:
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
     try:
-        image = decode(data, spec)
-        return Loaded(index, name, data, prepare(image, spec, fp32=True))
+        upload = Upload(data, spec)
+        upload.tensor()
+        return Loaded(index, name, data, upload)
     except ShimError as e:  # the contract's invalid_image, empty_image, too_large
         return f"{e.code}: {e.message}"
     except Exception as e:  # a file's edge: a Pillow decoder failing in a way decode() does not translate
@@ -229,19 +228,14 @@ class InProcess:
 
     def ask(self, backend: str, image: Loaded) -> Reply:
         chosen = self.legacy if backend == LEGACY else self.triton
-        prepared = image.prepared
-        if backend == TRITON and self.triton.input_kind == ENCODED and cpu_reason(image.data, self.spec) is None:
-            prepared = dataclasses.replace(prepared, encoded=image.data)  # sent as it came, as the shim sends it
         started = time.perf_counter()
-        try:
-            try:
-                logits = chosen.infer([prepared], [f"report-{image.index}-{backend}"])
-            except DecodeRefused:  # the shim decodes such an upload itself: so does the report
-                logits = chosen.infer([image.prepared], [f"report-{image.index}-{backend}"])
+        try:  # prepared as the shim prepares it: the encoded transport sends the upload as it came
+            row = chosen.infer([chosen.prepare(image.upload)], [f"report-{image.index}-{backend}"])[0]
+            if isinstance(row, ShimError):
+                raise row
         except ShimError as e:  # the backends raise nothing else
             return Reply(Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"))
         seconds = time.perf_counter() - started
-        row = logits[0]
         return Reply(Answer(backend, seconds, tuple(top_k(row, self.labels, self.k, self.scores))), logits=row)
 
     def describe(self) -> list[tuple[str, str]]:

@@ -6,12 +6,14 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from app.backends.base import ENCODED, FP32, Readiness
-from app.errors import BackendError, BackendUnavailable, DecodeRefused
-from app.preprocess import ImageSpec, Prepared
+from app.backends.base import Readiness
+from app.errors import BackendError, BackendUnavailable, ShimError
+from app.images import Upload
+from app.preprocess import ImageSpec
 
 POISON = -7.0  # an image whose first value is POISON makes the fake fail the batch it is in
 CLASSES = 1000
@@ -42,12 +44,11 @@ class EchoBackend:
     def max_batch_size(self) -> int:
         return self._max_batch
 
-    @property
-    def input_kind(self) -> str:
-        return FP32
+    def prepare(self, upload: Upload) -> np.ndarray:
+        return upload.tensor()
 
-    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> np.ndarray:
-        batch = np.stack([i.fp32() for i in images])
+    def infer(self, items: Sequence[Any], request_ids: Sequence[str]) -> Any:
+        batch = np.stack(items)
         with self._lock:
             self.batches.append(len(batch))
             self.request_ids.append(list(request_ids))
@@ -81,37 +82,43 @@ class EchoBackend:
 
 
 class EncodedEcho(EchoBackend):
-    """A backend of the encoded transport's kind: it takes uploads as their bytes (one per call) and other
-    images as FP32 tensors. An upload's logits hold its length in class 1 (tensors: EchoBackend's answer);
-    uploads that Pillow cannot decode whole (a truncated JPEG), and those in `refuse`, get DecodeRefused, as
-    Triton's decoder answers a file it cannot read."""
+    """The encoded transport's own class (app/backends/triton/encoded.py: which uploads go as they came, what
+    happens to a row its decoder refuses) with Triton replaced: an upload's logits hold its length in class 1
+    (tensors: EchoBackend's answer); uploads that Pillow cannot decode whole (a truncated JPEG), and those in
+    `refuse`, come back not readable, as Triton's decoder answers a file it cannot read."""
 
     def __init__(self, name: str = "triton") -> None:
+        from app.backends.triton.encoded import EncodedTransport
+        from app.backends.triton.transport import Target
+
         super().__init__(name)
         self.uploads: list[bytes] = []
         self.tensors = 0
         self.refuse: set[bytes] = set()
+        fake = self
 
-    @property
-    def input_kind(self) -> str:
-        return ENCODED
+        class Offline(EncodedTransport):
+            def _send(self, clients: Any, uploads: list[bytes], request_id: str) -> tuple[Any, Any]:
+                fake.uploads.extend(uploads)
+                logits = np.zeros((len(uploads), CLASSES), dtype=np.float32)
+                logits[:, 1] = [len(u) for u in uploads]
+                return logits, np.array([u not in fake.refuse and _decodes(u) for u in uploads])
 
-    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> np.ndarray:
-        rows = []
-        for one, request_id in zip(images, request_ids, strict=True):
-            if one.encoded is None:
-                self.tensors += 1
-                rows.append(super().infer([one], [request_id])[0])
-                continue
-            if self.down:
-                raise BackendUnavailable(f"{self.name} is down", backend=self.name)
-            self.uploads.append(one.encoded)
-            if one.encoded in self.refuse or not _decodes(one.encoded):
-                raise DecodeRefused("[decode_refused] the decoder cannot read this image")
-            row = np.zeros(CLASSES, dtype=np.float32)
-            row[1] = len(one.encoded)
-            rows.append(row)
-        return np.stack(rows)
+        class Tensors:
+            def send(self, clients: Any, batch: np.ndarray, request_id: str) -> Any:
+                fake.tensors += len(batch)
+                return EchoBackend.infer(fake, list(batch), [request_id] * len(batch))
+
+        self.transport = Offline(Target(url="fake", model="m", version="", crop=224, classes=CLASSES))
+        self.transport._tensors = Tensors()  # type: ignore[assignment]
+
+    def prepare(self, upload: Upload) -> Any:
+        return self.transport.prepare(upload)
+
+    def infer(self, items: Sequence[Any], request_ids: Sequence[str]) -> list[np.ndarray | ShimError]:
+        if self.down:
+            raise BackendUnavailable(f"{self.name} is down", backend=self.name)
+        return self.transport.infer(None, items, ",".join(request_ids))  # type: ignore[arg-type]
 
 
 def _decodes(data: bytes) -> bool:
@@ -127,11 +134,16 @@ def _decodes(data: bytes) -> bool:
     return True
 
 
-def image(value: float) -> Prepared:
-    """A prepared image whose tensor's first value is `value` (what EchoBackend answers with)."""
+def item(value: float) -> np.ndarray:
+    """A tensor whose first value is `value` (what EchoBackend answers with): what its prepare() makes."""
     tensor = np.zeros((3, 224, 224), dtype=np.float32)
     tensor[0, 0, 0] = value
-    return Prepared(np.zeros((224, 224, 3), dtype=np.uint8), SPEC, tensor)
+    return tensor
+
+
+def image(value: float) -> Upload:
+    """An upload, decoded already, whose tensor's first value is `value`."""
+    return Upload(b"", SPEC, pixels=np.zeros((224, 224, 3), dtype=np.uint8), tensor=item(value))
 
 
 def write_labels(path: Path) -> Path:

@@ -133,3 +133,14 @@ def connections_to(port: int, pid: int | None = None) -> int:
             if remote_port == port and fields[3] == "01" and fields[9] in inodes:  # 01: ESTABLISHED
                 count += 1
     return count
+
+
+def triton_backend(url: str, transport: str = "fp32", *, model: str = "resnet50", version: str = "",
+                   max_batch_size: int = 32, classes: int = 1000, network_timeout_s: float = 60,
+                   readiness_timeout_s: float = 5, **target: Any) -> Any:
+    """A TritonBackend of one transport (app/backends/triton), without a model description."""
+    from app.backends.triton import TRANSPORTS, Target, TritonBackend
+
+    chosen = TRANSPORTS[transport](Target(url=url, model=model, version=version, crop=224, classes=classes, **target))
+    return TritonBackend(chosen, connect_timeout_s=1, network_timeout_s=network_timeout_s,
+                         readiness_timeout_s=readiness_timeout_s, max_batch_size=max_batch_size)

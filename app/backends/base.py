@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from app.errors import ShimError
+
 if TYPE_CHECKING:
-    from app.preprocess import Prepared
+    from app.images import Upload
+
+Row = npt.NDArray[np.float32]  # one image's logits [classes]
+# What infer() returns: one entry per item, in order: its logits, or its own error (an upload that only it
+# could not be sent as). A [N, classes] array is N rows.
+Rows = npt.NDArray[np.float32] | Sequence[Row | ShimError]
 
 
 @dataclass(frozen=True)
@@ -20,21 +27,15 @@ class Readiness:
     age_s: float = 0.0  # how old the answer is: 0 when it was checked for this call (app/readiness.py)
 
 
-FP32, UINT8 = "fp32", "uint8"
-ENCODED = "encoded"  # the upload's own bytes, one image per call (the encoded transport)
-
-
 class Backend(Protocol):
-    """Turns a batch of preprocessed images into logits [N, classes] FP32.
+    """Turns batches of uploads into logits [classes] FP32, one row per upload.
 
-    Each image comes as its cropped pixels and, when the request thread made it, its normalised FP32
-    tensor (app.preprocess.Prepared): a backend takes what it sends, `fp32()` or `uint8()`. `input_kind`
-    ("fp32", "uint8" or "encoded") tells request threads which to prepare; a backend whose kind is "encoded"
-    is also handed images that carry only their upload's bytes (`encoded`), one per call, by the request
-    thread itself (app/batching.py), and takes the others as FP32 tensors. infer() raises
-    app.errors.BackendError subclasses only, and DecodeRefused for an upload its decoder refuses. It may be
-    called from several threads of one process at once; an implementation
-    keeps whatever is not thread-safe per thread.
+    prepare(upload) runs in the request's own thread (under the worker's decode bound): the CPU work the
+    backend needs done before a batch goes (decoding, a tensor), and it returns the item that infer() is
+    later handed for that upload, in a batch with other requests' items. infer() returns exactly one entry per
+    item, a row or that item's own ShimError; it raises app.errors.BackendError subclasses only, for the whole
+    batch. It may be called from several threads of one process at once; an implementation keeps whatever
+    is not thread-safe per thread.
     """
 
     name: str
@@ -42,13 +43,12 @@ class Backend(Protocol):
     @property
     def max_batch_size(self) -> int: ...
 
-    @property
-    def input_kind(self) -> str: ...
-
     def start(self) -> None:
         """Begin whatever loading the backend needs, in the background; idempotent, never blocks."""
 
-    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> npt.NDArray[np.float32]: ...
+    def prepare(self, upload: Upload) -> Any: ...
+
+    def infer(self, items: Sequence[Any], request_ids: Sequence[str]) -> Rows: ...
 
     def ready(self) -> Readiness: ...
 

@@ -1,6 +1,6 @@
 """Which version of the classifier an ensemble runs, against the version SHIM_MODEL_VERSION pins.
 
-The uint8 transports send pixels to an ensemble (resnet50_uint8: normalize -> resnet50) that has versions
+The uint8 transport sends pixels to an ensemble (resnet50_uint8: normalize -> resnet50) that has versions
 of its own (1): the pin must never be sent to it. It means the classifier's version on every route, so an
 ensemble honours it only when its step for the classifier names that version (`model_version: 2`); -1,
 the default, runs whatever version of the classifier is newest, which the pin would not hold. Reads the
@@ -31,4 +31,4 @@ def pin_problem(config: dict[str, Any], *, ensemble: str, classifier: str, pin: 
             f"runs {classifier} version {runs}{' (the newest)' if runs == -1 else ''}")
     return (f"SHIM_MODEL_VERSION={pin} pins {classifier} version {pin}, but the ensemble {ensemble} {what}: set "
             f"model_version: {pin} in its step for {classifier} ({ensemble}/config.pbtxt) and load it, or send "
-            "tensors (SHIM_TRANSPORT=http or shm), or unset SHIM_MODEL_VERSION")
+            "tensors (SHIM_TRANSPORT=fp32), or unset SHIM_MODEL_VERSION")

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.backends.base import FP32, Readiness
+from app.backends.base import Readiness
 from app.capabilities import FindSpec, legacy_lacks
 from app.errors import BackendError, BackendUnavailable
-from app.preprocess import Prepared
+from app.images import Upload
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,6 @@ class LegacyBackend:
     def max_batch_size(self) -> int:
         return self._max_batch
 
-    @property
-    def input_kind(self) -> str:
-        return FP32
-
     def missing(self) -> str | None:
         """torch or the model file, when either is missing here (the slim image has no torch)."""
         return legacy_lacks(self.model_path, self._find_spec)
@@ -73,7 +69,10 @@ class LegacyBackend:
             return Readiness(False, self._error or f"legacy model {self.model_path} failed to load")
         return Readiness(True, f"legacy model {self.model_path} is loaded")
 
-    def infer(self, images: Sequence[Prepared], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
+    def prepare(self, upload: Upload) -> npt.NDArray[np.float32]:
+        return upload.tensor()
+
+    def infer(self, items: Sequence[npt.NDArray[np.float32]], request_ids: Sequence[str]) -> npt.NDArray[np.float32]:
         self.start()
         if not self._loaded.wait(self._load_timeout_s) or self._model is None:
             raise BackendUnavailable(self._error or f"legacy model {self.model_path} is still loading",
@@ -81,7 +80,7 @@ class LegacyBackend:
         import torch
 
         try:
-            batch = torch.from_numpy(np.stack([image.fp32() for image in images]))
+            batch = torch.from_numpy(np.stack(items))
             with torch.inference_mode():
                 return np.asarray(self._model(batch).numpy(), dtype=np.float32)
         except RuntimeError as e:  # torch reports every failure of forward() as RuntimeError

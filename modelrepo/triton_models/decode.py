@@ -1,4 +1,4 @@
-"""Triton python-backend model: one upload's bytes (UINT8 [1, n]) -> the normalised FP32 CHW tensor.
+"""Triton python-backend model: uploads' bytes (BYTES [N, 1], one per row) -> normalised FP32 CHW tensors.
 
 The one source of every generated `<name>_decode/1/model.py`: modelrepo/export.py copies this file there
 (modelrepo/generate.py, the_decode_step). The shim's `encoded` transport forwards the upload as it came; this model
@@ -23,10 +23,10 @@ decode_parameters): resize and crop (whole numbers), interpolation (a lowercase 
 name), max_size (a whole number; absent: none), mean and std (three comma-separated floats), color (convert or
 white: checked, and the same pixels either way for what the shim forwards, opaque RGB or grayscale JPEGs).
 
-Each request is one image and gets its own response, in order. An image that the decoder refuses (or whose
-transform fails) gets an error response whose message holds REFUSED; the shim recognises it and decodes that
-upload itself, so the client gets exactly the legacy app's answer (400 invalid_image for a truncated JPEG).
-The other requests of the batch are never failed by it.
+Each request holds the uploads of several shim requests, one per row, and gets one response, in order: the
+tensors and READABLE (BOOL [N, 1]), False for a row whose upload the decoder refused (or whose transform
+failed), its tensor zeros. The shim decodes such an upload itself, so the client gets exactly the legacy app's
+answer (400 invalid_image for a truncated JPEG); no other row, nor any other request, is failed by it.
 
 Nothing is imported from the shim's package (Triton's image does not have it): resized_size is
 app.preprocess.resized_size's rule, and tests/unit/test_decode_step.py holds the two equal.
@@ -46,7 +46,7 @@ try:
 except ImportError:  # imported outside Triton: the unit tests of Transform
     pb_utils = None
 
-REFUSED = "[decode_refused]"  # the shim's app/backends/triton.py looks for this in Triton's error message
+READABLE = "readable"  # the per-row BOOL output the shim's app/backends/triton/encoded.py reads
 REQUIRED = ("resize", "crop", "interpolation", "mean", "std", "color")
 OPTIONAL = ("max_size",)
 RESIZERS = ("nearest", "nearest-exact", "bilinear", "bicubic")  # app/description.py ENCODED_INTERPOLATIONS
@@ -146,7 +146,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         name = config["name"]
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        (inp,), (out,) = config["input"], config["output"]
+        (inp,) = config["input"]
+        (out,) = [o for o in config["output"] if o["name"] != READABLE]
         self.input_name, self.output_name = inp["name"], out["name"]
 
         gpu = args.get("model_instance_kind") == "GPU" and torch.cuda.is_available()
@@ -176,25 +177,24 @@ class TritonPythonModel:
                                                      color_spec=nvimgcodec.ColorSpec.SRGB)
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        responses: list[Any] = [None] * len(requests)
-        streams, where = [], []
-        for i, request in enumerate(requests):
-            data = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
-            if data.ndim != 2 or data.shape[0] != 1 or data.shape[1] == 0:
-                responses[i] = self._refuse(f"one image per request: UINT8 [1, n], got {list(data.shape)}")
-                continue
-            streams.append(data[0])
-            where.append(i)
-        for i, image in zip(where, self._decode(streams), strict=True):
-            if image is None:
-                responses[i] = self._refuse("the decoder cannot read this image")
-                continue
-            try:
-                tensor = self.transform(self._on_device(image))
-            except Exception as e:  # this image's own failure (an odd size, memory): never the batch's
-                responses[i] = self._refuse(f"{type(e).__name__}: {e}")
-                continue
-            responses[i] = pb_utils.InferenceResponse(output_tensors=[self._output(tensor)])
+        uploads = [pb_utils.get_input_tensor_by_name(r, self.input_name).as_numpy().reshape(-1) for r in requests]
+        images = iter(self._decode([np.frombuffer(bytes(u), dtype=np.uint8) for rows in uploads for u in rows]))
+        crop = self.transform.crop
+        responses = []
+        for rows in uploads:
+            tensors = self.torch.zeros((len(rows), 3, crop, crop), dtype=self.torch.float32, device=self.device)
+            readable = np.zeros((len(rows), 1), dtype=bool)
+            for row in range(len(rows)):
+                image = next(images)
+                if image is None:
+                    continue
+                try:
+                    tensors[row] = self.transform(self._on_device(image))[0]
+                    readable[row, 0] = True
+                except Exception:  # this upload's own failure (an odd size, memory): never its batch's
+                    continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                self._output(tensors), pb_utils.Tensor(READABLE, readable)]))
         return responses
 
     def _decode(self, streams: list[Any]) -> list[Any]:
@@ -224,7 +224,3 @@ class TritonPythonModel:
         if self.device.type == "cuda":
             return pb_utils.Tensor.from_dlpack(self.output_name, self.torch.utils.dlpack.to_dlpack(tensor))
         return pb_utils.Tensor(self.output_name, tensor.numpy())
-
-    @staticmethod
-    def _refuse(why: str) -> Any:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{REFUSED} {why}"))

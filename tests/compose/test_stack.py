@@ -82,20 +82,6 @@ def test_up_wait_reached_healthy_through_the_real_healthchecks(stack: Stack) -> 
     assert not triton["HostConfig"].get("DeviceRequests"), "the CI override must drop the GPU reservation"
 
 
-def test_the_shim_sends_through_shared_memory_across_the_two_containers(stack: Stack) -> None:
-    """docker-compose.yml shares Triton's IPC namespace with the shim: SHIM_TRANSPORT=auto settles on shm
-    (tensors: the stand-in normalize runs on the CPU), and Triton maps the regions the shim makes, which
-    only the two containers' users can open (0660, Triton in the shim's group)."""
-    assert predict(encode(photo(64, 48))).status_code == 200  # a worker settles its transport on first use
-    ready = requests.get(f"{SHIM}/readyz", timeout=10).json()
-    assert ready["transport"] == "shm", ready
-    assert "Triton maps this host's /dev/shm" in ready["backends"]["triton"]["detail"], ready
-    files = [line.split() for line in stack.exec("shim", "ls", "-ln", "/dev/shm").splitlines() if " shim_" in line]
-    regions = [f for f in files if not f[-1].endswith(".lock")]  # an owner's lock file beside its regions
-    assert regions and all(r[0] == "-rw-rw----" and r[2:4] == ["10001", "10001"] for r in regions), files
-    assert all(f[0][-2] != "w" for f in files), files  # nothing of the shim's there is open to others
-
-
 def test_tritons_ports_are_published_nowhere_and_nothing_answers_on_the_host(stack: Stack) -> None:
     assert not stack.inspect("triton")["HostConfig"].get("PortBindings"), "Triton's ports are published"
     for port in TRITON_PORTS:  # free before the stack started (tests/compose/driver.py's first stage)

@@ -28,10 +28,10 @@ from bench.report import cpu_split
 from tests.conftest import start_early, take_early
 from tests.support import ROOT
 
-# One of the shim's transports, the one `auto` settles on here. The benchmark's code is the same for every
+# One of the shim's transports, its default. The benchmark's code is the same for every
 # transport (one setting in the shim's environment); tests/integration/test_transports.py covers each of them.
 # And `encoded` (Triton decodes the uploads): its row, wrk's cross-check and its target line are issue 19's.
-TRANSPORTS = ("shm", "encoded")
+TRANSPORTS = ("fp32", "encoded")
 CLIENTS = 8
 Run = tuple[Path, dict[str, Any], float]
 
@@ -167,9 +167,9 @@ def test_front_end_report_parses(quick_run: Run) -> None:
     transports = report["settings"]["transports"]
     assert level["best_transport"] in transports and len(level["transports"]) == len(transports)
     assert all(c["value"] is not None and c["met"] in (True, False) for c in level["checks"]), level
-    (encoded,) = report["encoded_checks"]  # shim CPU per image, encoded against the tensor transport (shm)
-    assert encoded["best_tensor_transport"] == "shm" and encoded["met"] in (True, False)
-    assert any(line.startswith(f"c={CLIENTS}: ") and "with encoded / with the best tensor transport (shm)" in line
+    (encoded,) = report["encoded_checks"]  # shim CPU per image, encoded against the tensor transport (fp32)
+    assert encoded["best_tensor_transport"] == "fp32" and encoded["met"] in (True, False)
+    assert any(line.startswith(f"c={CLIENTS}: ") and "with encoded / with the best tensor transport (fp32)" in line
                for line in lines), lines
     print(f"bench --frontend --quick took {elapsed:.0f} s")
 

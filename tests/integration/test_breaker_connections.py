@@ -8,16 +8,14 @@ import pytest
 from app.backends.triton import TritonBackend
 from app.breaker import CircuitBreaker
 from devstack import EmbeddedTriton
-from tests.support import connections_to, wait_until
+from tests.support import connections_to, triton_backend, wait_until
 
 pytestmark = pytest.mark.triton
 CYCLES = 30
 
 
 def test_many_open_and_recover_cycles_leave_no_connection_behind(triton: EmbeddedTriton) -> None:
-    backend = TritonBackend(url=triton.http_url, model="resnet50", version="", connect_timeout_s=1,
-                            network_timeout_s=10, readiness_timeout_s=5, image_shape=(3, 224, 224), classes=1000,
-                            max_batch_size=8, transport="http")
+    backend: TritonBackend = triton_backend(triton.http_url, network_timeout_s=10, max_batch_size=8)
     breaker = CircuitBreaker("triton", failures=1, reset_s=600, health=lambda: backend.ready().ready,
                              health_interval_s=0.01)
     port = triton.config.http_port

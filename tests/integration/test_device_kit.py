@@ -67,7 +67,7 @@ def test_the_dry_run_measures_every_step(device_dry_run: dict[str, Any]) -> None
     assert decode["agreement"]["met"] and decode["agreement"]["all"]["images"] == 12
     assert decode["instance_kinds"] == ["KIND_CPU"]
     rows = steps["shim"]
-    assert [r["transport"] for r in rows] == ["http", "shm", "uint8", "encoded"]
+    assert [r["transport"] for r in rows] == ["fp32", "uint8", "encoded"]
     for r in rows:
         assert r["images_per_s"] > 0 and r["errors"] == 0, r
         assert r["shim_cpu_ms_per_image"] > 0 and r["triton_cpu_ms_per_image"] > 0, r

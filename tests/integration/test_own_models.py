@@ -276,7 +276,7 @@ def test_readiness_on_the_encoded_route_checks_the_decode_steps_parameters(own: 
                         r"generated from another description: interpolation='bilinear', the shim's description says "
                         r"'bicubic'\. Regenerate",
              "lanczos": r"interpolation = 'lanczos' is one that Triton's decode step cannot reproduce .* "
-                        rf"SHIM_TRANSPORT=encoded cannot serve {own.name}: use SHIM_TRANSPORT=auto"}
+                        rf"SHIM_TRANSPORT=encoded cannot serve {own.name}: use SHIM_TRANSPORT=fp32"}
     for interpolation, says in cases.items():
         (folder / "model.toml").write_text(text.replace('interpolation = "bilinear"',
                                                         f'interpolation = "{interpolation}"'))

@@ -121,7 +121,7 @@ def test_triton_serving_another_version_is_a_no_go_that_names_the_images(
     other = start_triton(repo, tmp_path / "cache")  # serves version 2 only: other weights than the legacy model
     try:
         out = tmp_path / "report"
-        done = run_report(str(capture), *in_process(other.http_url, repo, test_model_pt), "--transport", "http",
+        done = run_report(str(capture), *in_process(other.http_url, repo, test_model_pt), "--transport", "fp32",
                           "--out", str(out), "--concurrency", "2", *ANY_SPEED)
     finally:
         other.stop(graceful=False)

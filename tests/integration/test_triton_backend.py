@@ -1,4 +1,4 @@
-"""app/backends/triton.py against the real server: metadata checks and error translation."""
+"""app/backends/triton against the real server: metadata checks and error translation."""
 
 from __future__ import annotations
 
@@ -7,20 +7,24 @@ import re
 import socket
 import threading
 
+import numpy as np
 import pytest
 
-from app.backends.triton import TritonBackend, check_model
+from app.backends.triton import TritonBackend
+from app.backends.triton.checks import check_model
 from app.errors import BackendTimeout, BackendUnavailable, ModelMismatch
 from devstack import EmbeddedTriton
-from tests.fakes import image
+from tests.fakes import item
+from tests.support import triton_backend
 
 pytestmark = pytest.mark.triton
 IMAGE = (3, 224, 224)
 
 
 def backend(url: str, model: str = "resnet50", classes: int = 1000, timeout_s: float = 10) -> TritonBackend:
-    return TritonBackend(url=url, model=model, version="", connect_timeout_s=1, network_timeout_s=timeout_s,
-                         readiness_timeout_s=1, image_shape=IMAGE, classes=classes, max_batch_size=64)
+    backend: TritonBackend = triton_backend(url, model=model, classes=classes, network_timeout_s=timeout_s,
+                                            readiness_timeout_s=1, max_batch_size=64)
+    return backend
 
 
 def test_ready_model_with_matching_metadata(triton: EmbeddedTriton) -> None:
@@ -28,7 +32,7 @@ def test_ready_model_with_matching_metadata(triton: EmbeddedTriton) -> None:
     state = b.ready()
     assert state.ready, state.detail
     assert b.max_batch_size == 32, "capped by the model's own max_batch_size"
-    logits = b.infer([image(0.0), image(1.0)], ["a", "b"])
+    logits = np.stack(b.infer([item(0.0), item(1.0)], ["a", "b"]))
     assert logits.shape == (2, 1000)
     b.close()
 
@@ -45,7 +49,7 @@ def test_a_mismatch_or_missing_model_keeps_readiness_off_with_one_clear_message(
     assert not state.ready
     assert re.search(message, state.detail), state.detail
     with pytest.raises(BackendUnavailable, match=message):
-        b.infer([image(0.0)], ["x"])
+        b.infer([item(0.0)], ["x"])
     b.close()
 
 
@@ -55,7 +59,7 @@ def test_every_request_id_of_a_full_batch_reaches_triton(triton: EmbeddedTriton,
     ids = [f"{i:02d}-" + "abcdef0123456789" * 2 for i in range(32)]  # 35 characters each, as uuid4().hex + more
     b = backend(triton.http_url)
     with caplog.at_level(logging.DEBUG, logger="app.backends.triton"):
-        b.infer([image(float(i)) for i in range(32)], ids)
+        b.infer([item(float(i)) for i in range(32)], ids)
     b.close()
     (echoed,) = [r.triton_request_id for r in caplog.records if hasattr(r, "triton_request_id")]
     assert echoed.split(",") == ids
@@ -76,14 +80,14 @@ def test_unreachable_is_503_and_silent_server_is_504() -> None:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     with pytest.raises(BackendUnavailable, match="unreachable"):
-        backend(f"127.0.0.1:{port}").infer([image(0.0)], ["x"])
+        backend(f"127.0.0.1:{port}").infer([item(0.0)], ["x"])
 
     with socket.socket() as silent:  # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
         b = backend(f"127.0.0.1:{silent.getsockname()[1]}", timeout_s=1)
         with pytest.raises(BackendTimeout, match="did not answer within 1"):
-            b.infer([image(0.0)], ["x"])
+            b.infer([item(0.0)], ["x"])
         b.close()
 
 
@@ -102,7 +106,7 @@ def test_a_connection_closed_before_the_answer_is_503_not_a_bug() -> None:
 
         threading.Thread(target=hang_up, daemon=True).start()
         with pytest.raises(BackendUnavailable, match="unreachable"):
-            backend(f"127.0.0.1:{port}").infer([image(0.0)], ["x"])
+            backend(f"127.0.0.1:{port}").infer([item(0.0)], ["x"])
 
 
 def test_a_connect_that_times_out_is_503_not_504() -> None:
@@ -124,7 +128,7 @@ def test_a_connect_that_times_out_is_503_not_504() -> None:
                 queued.append(probe)
             b = backend(f"127.0.0.1:{address[1]}", timeout_s=30)
             with pytest.raises(BackendUnavailable, match="accepts no connection"):
-                b.infer([image(0.0)], ["x"])
+                b.infer([item(0.0)], ["x"])
             b.close()
         finally:
             for conn in queued:

@@ -9,7 +9,7 @@ import pytest
 
 from app.batching import Batcher, Upstream
 from app.errors import BackendError, BackendTimeout, BackendUnavailable
-from tests.fakes import POISON, EchoBackend, image
+from tests.fakes import POISON, EchoBackend, item
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
 
@@ -30,7 +30,7 @@ def submit_together(batcher: Batcher, upstream: Upstream, values: list[float]) -
             barrier.wait()
             arrived()
             try:
-                return batcher.submit(image(value), f"req-{value}", timeout_s=TIMEOUT_S)
+                return batcher.submit(item(value), f"req-{value}", timeout_s=TIMEOUT_S)
             except Exception as e:
                 return e
 
@@ -62,7 +62,7 @@ def test_a_lone_request_does_not_wait_for_the_delay() -> None:
     batcher, upstream = make_batcher(backend, delay_s=3600.0)  # waiting for it would time the request out
     with upstream.on_the_way() as arrived:
         arrived()
-    row = batcher.submit(image(3.0), "lone", timeout_s=TIMEOUT_S)
+    row = batcher.submit(item(3.0), "lone", timeout_s=TIMEOUT_S)
     assert row[0] == 3.0, "nothing else was on its way: the batch should leave at once"
     batcher.close()
 
@@ -125,9 +125,9 @@ def test_a_request_waits_no_longer_than_its_timeout() -> None:
     backend.hang.set()
     try:
         with pytest.raises(BackendTimeout, match=r"within 0\.2 s") as raised:
-            batcher.submit(image(1.0), "slow", timeout_s=0.2)
+            batcher.submit(item(1.0), "slow", timeout_s=0.2)
         assert raised.value.backend == "fake"
     finally:
         backend.hang.clear()
-    assert batcher.submit(image(2.0), "next", timeout_s=TIMEOUT_S)[0] == 2.0
+    assert batcher.submit(item(2.0), "next", timeout_s=TIMEOUT_S)[0] == 2.0
     batcher.close()

@@ -13,7 +13,7 @@ from app import metrics
 from app.batching import Batcher, Upstream
 from app.errors import BackendTimeout, BackendUnavailable, CircuitOpen
 from app.settings import Mode
-from tests.fakes import EchoBackend, image
+from tests.fakes import EchoBackend, item
 from tests.unit.test_routing import ask, counter, make_router
 
 
@@ -74,7 +74,7 @@ def test_a_timeout_in_the_shims_own_queue_is_counted_once_as_queue_timeout() -> 
 
     def one(value: float) -> None:
         try:
-            batcher.submit(image(value), f"r{value}", timeout_s=0.3)
+            batcher.submit(item(value), f"r{value}", timeout_s=0.3)
         except BackendTimeout as e:
             errors.append(e)
 

@@ -108,7 +108,7 @@ def test_a_filter_the_step_cannot_reproduce_gets_no_encoded_models_and_says_why(
     refusal = d.encoded_refusal()
     assert refusal is not None
     assert f"interpolation = '{interpolation}' is one that Triton's decode step cannot reproduce" in refusal
-    assert "SHIM_TRANSPORT=encoded cannot serve m: use SHIM_TRANSPORT=auto, http" in refusal
+    assert "SHIM_TRANSPORT=encoded cannot serve m: use SHIM_TRANSPORT=fp32 or uint8" in refusal
     files = model_repo.generated_files(d)
     assert not any(rel.parts[0] in ("m_decode", "m_encoded") for rel in files)
     assert {rel.parts[0] for rel in files} == {"m", "normalize", "m_uint8"}

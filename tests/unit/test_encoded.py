@@ -63,7 +63,7 @@ def test_jpegs_over_the_pixel_limits_stay_in_the_shim_which_answers_413() -> Non
 
 
 def test_the_decode_steps_served_parameters_are_checked_both_ways() -> None:
-    from app.backends.triton import _check_parameters, decode_step_of
+    from app.backends.triton.checks import check_parameters, decode_step_of
     from app.errors import ModelMismatch
 
     wanted = {"resize": "256", "interpolation": "bilinear"}
@@ -71,15 +71,15 @@ def test_the_decode_steps_served_parameters_are_checked_both_ways() -> None:
     def config(**params: str) -> dict[str, Any]:
         return {"parameters": {k: {"string_value": v} for k, v in params.items()}}
 
-    _check_parameters(config(**wanted), wanted, where="step", every=True)
+    check_parameters(config(**wanted), wanted, where="step", every=True)
     with pytest.raises(ModelMismatch, match=r"step was generated from another description: interpolation='bicubic', "
                                             r"the shim's description says 'bilinear'; max_size='300', which the "
                                             r"shim's description does not set\. Regenerate"):
-        _check_parameters(config(resize="256", interpolation="bicubic", max_size="300"), wanted, where="step",
+        check_parameters(config(resize="256", interpolation="bicubic", max_size="300"), wanted, where="step",
                           every=True)
     with pytest.raises(ModelMismatch, match=r"interpolation not served, the shim's description says 'bilinear'"):
-        _check_parameters(config(resize="256"), wanted, where="step", every=True)
-    _check_parameters(config(resize="256"), wanted, where="model")  # the model's own: only what it serves
+        check_parameters(config(resize="256"), wanted, where="step", every=True)
+    check_parameters(config(resize="256"), wanted, where="model")  # the model's own: only what it serves
 
     def ensemble(*steps: str) -> dict[str, Any]:
         return {"ensemble_scheduling": {"step": [{"model_name": name} for name in steps]}}

@@ -1,5 +1,5 @@
-"""Which classifier version an ensemble runs, against SHIM_MODEL_VERSION (the auto transport sends tensors,
-and the uint8 ones are unready, when it cannot honour the pin)."""
+"""Which classifier version an ensemble runs, against SHIM_MODEL_VERSION (the uint8 and encoded transports are
+unready when it cannot honour the pin)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 
 from app.backends.legacy import LegacyBackend
 from app.errors import BackendUnavailable
-from tests.fakes import image
+from tests.fakes import item
 from tests.support import wait_until
 
 SHAPE = (3, 224, 224)
@@ -31,7 +31,7 @@ def test_without_torch_readiness_says_so_and_requests_get_503(tmp_path: Path, te
     assert not state.ready
     assert "torch is not installed" in state.detail and "WITH_LEGACY=1" in state.detail, state.detail
     with pytest.raises(BackendUnavailable, match="torch is not installed"):
-        legacy.infer([image(0.0)], ["x"])
+        legacy.infer([item(0.0)], ["x"])
 
 
 def test_a_missing_or_broken_model_file_is_not_ready_with_the_reason(tmp_path: Path) -> None:
@@ -51,5 +51,5 @@ def test_the_real_model_loads_and_answers(test_model_pt: Path) -> None:
     assert not legacy.ready().ready and "not loaded" in legacy.ready().detail  # nothing asked for it yet
     legacy.start()
     wait_until(lambda: legacy.ready().ready, 120, "the model to load")
-    logits = legacy.infer([image(0.0), image(1.0)], ["a", "b"])
+    logits = legacy.infer([item(0.0), item(1.0)], ["a", "b"])
     assert logits.shape == (2, 1000) and logits.dtype == np.float32

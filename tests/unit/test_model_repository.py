@@ -54,16 +54,18 @@ def test_resnet50_config_is_the_articles() -> None:
 def test_the_encoded_ensemble_feeds_the_decode_steps_tensor_to_resnet50() -> None:
     encoded = read_config(TRITON_REPO / "resnet50_encoded" / "config.pbtxt")
     assert encoded.platform == "ensemble"
-    (raw,), (logits,) = encoded.input, encoded.output
-    assert (raw.name, raw.data_type, list(raw.dims)) == ("encoded", mc.TYPE_UINT8, [-1])
+    (raw,), (logits, readable) = encoded.input, encoded.output
+    assert (raw.name, raw.data_type, list(raw.dims)) == ("encoded", mc.TYPE_STRING, [1]), "one upload per row"
     assert (logits.name, logits.data_type, list(logits.dims)) == ("output__0", mc.TYPE_FP32, [1000])
+    assert (readable.name, readable.data_type, list(readable.dims)) == ("readable", mc.TYPE_BOOL, [1])
     decode, model = encoded.ensemble_scheduling.step
     assert (decode.model_name, model.model_name) == ("resnet50_decode", "resnet50")
     step = read_config(TRITON_REPO / "resnet50_decode" / "config.pbtxt")
     net = read_config(TRITON_REPO / "resnet50" / "config.pbtxt")
-    (inp,), (out,) = step.input, step.output
-    assert inp.allow_ragged_batch, "uploads of different lengths must batch together"
-    assert dict(decode.input_map) == {inp.name: "encoded"} and dict(decode.output_map) == {out.name: "decoded"}
+    (inp,), (out, ok) = step.input, step.output
+    assert (inp.data_type, list(inp.dims), ok.data_type) == (mc.TYPE_STRING, [1], mc.TYPE_BOOL)
+    assert dict(decode.input_map) == {inp.name: "encoded"}
+    assert dict(decode.output_map) == {out.name: "decoded", ok.name: "readable"}
     assert dict(model.input_map) == {net.input[0].name: "decoded"}
     assert (out.data_type, list(out.dims)) == (net.input[0].data_type, list(net.input[0].dims))
     assert step.max_batch_size >= encoded.max_batch_size and net.max_batch_size >= encoded.max_batch_size

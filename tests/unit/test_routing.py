@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from app import metrics
 from app.batching import Batcher, Upstream
 from app.breaker import CircuitBreaker
 from app.errors import BackendUnavailable, CircuitOpen, FlagNotWritable
+from app.images import Upload
 from app.rollback import AutoRollback
 from app.routing import RequestContext, Router
 from app.settings import Mode
@@ -37,7 +41,7 @@ class Rig:
 
 
 def make_router(tmp_path: Path, *, mode: Mode, fallback: bool = False, auto_rollback: bool = False,
-                canary: int = 0, timeout_s: float = 30.0) -> Rig:
+                canary: int = 0, timeout_s: float = 30.0, turn: Any = contextlib.nullcontext) -> Rig:
     clock = FakeClock()
     upstream = Upstream()
     legacy, triton = EchoBackend("legacy"), EchoBackend("triton")
@@ -50,13 +54,14 @@ def make_router(tmp_path: Path, *, mode: Mode, fallback: bool = False, auto_roll
     flag = TrafficFlag(flag_path, TrafficState(mode=mode, canary_percent=canary), poll_s=60, clock=clock)
     rollback = AutoRollback(flag, error_rate=0.5, window_s=60, min_requests=4, clock=clock) if auto_rollback else None
     router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=fallback,
-                    timeout_s=timeout_s, rollback=rollback)
+                    timeout_s=timeout_s, rollback=rollback, turn=turn)
     return Rig(router, legacy, triton, clock, flag_path)
 
 
 def ask(router: Router, value: float, key: str = "k") -> tuple[float, str, str | None]:
     ctx = RequestContext(request_id=f"r{value}", routing_key=key)
-    routed = router.infer(image(value), ctx, router.decide(ctx))
+    decision, upload = router.decide(ctx), image(value)
+    routed = router.infer(upload, router.prepare(upload, decision), ctx, decision)
     return float(routed.logits[0]), routed.backend, routed.fallback_reason
 
 
@@ -83,6 +88,36 @@ def test_breaker_opens_refuses_probes_once_and_closes() -> None:
     assert breaker.allow() and not breaker.allow()
     breaker.record_success()
     assert breaker.state == "closed" and breaker.allow() and breaker.allow()
+
+
+def test_a_probe_that_never_reports_lets_the_next_one_through_after_the_cool_down() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker("fake", failures=1, reset_s=10, clock=clock)
+    breaker.record_failure()
+    clock.advance(10)
+    assert breaker.allow(), "the probe"
+    clock.advance(9.9)
+    assert not breaker.allow(), "its outcome may still come"
+    clock.advance(0.1)
+    assert breaker.allow(), "a probe lost without an outcome must not hold the circuit half-open for ever"
+
+
+def test_a_probe_that_raises_a_bug_reopens_the_circuit(tmp_path: Path) -> None:
+    rig = make_router(tmp_path, mode=Mode.TRITON)
+    breaker = rig.router.breaker
+    for _ in range(3):
+        breaker.record_failure()
+    rig.clock.advance(60)
+    batcher = rig.router._batchers["triton"]
+
+    def bug(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a bug above the backend")
+
+    batcher.submit = bug  # type: ignore[method-assign]
+    with pytest.raises(ZeroDivisionError):
+        ask(rig.router, 1.0)
+    assert breaker.state == "open", "the probe's outcome was recorded, as a failure"
+    rig.router.close()
 
 
 def test_a_failed_batch_counts_one_failure_per_request() -> None:
@@ -114,6 +149,33 @@ def test_fallback_answers_from_legacy_and_says_why(tmp_path: Path) -> None:
     before = counter(metrics.FALLBACKS, "backend_unavailable")
     assert ask(rig.router, 1.0) == (1.0, "legacy", "backend_unavailable")
     assert counter(metrics.FALLBACKS, "backend_unavailable") == before + 1
+    rig.router.close()
+
+
+def test_fallback_prepares_the_upload_for_legacy_inside_the_decode_bound(tmp_path: Path) -> None:
+    """While Triton is down every pending request falls back at once: their decodes must wait their turn."""
+    held: list[bool] = []
+    inside = threading.local()
+
+    @contextlib.contextmanager
+    def turn() -> Iterator[None]:
+        inside.held = True
+        try:
+            yield
+        finally:
+            inside.held = False
+
+    rig = make_router(tmp_path, mode=Mode.TRITON, fallback=True, turn=turn)
+    real_prepare = rig.legacy.prepare
+
+    def prepare(upload: Upload) -> Any:
+        held.append(getattr(inside, "held", False))
+        return real_prepare(upload)
+
+    rig.legacy.prepare = prepare  # type: ignore[method-assign]
+    rig.triton.down = True
+    assert ask(rig.router, 4.0) == (4.0, "legacy", "backend_unavailable")
+    assert held == [True], "legacy's decode ran outside admission.turn()"
     rig.router.close()
 
 
