@@ -67,17 +67,30 @@ install_stage() {  # the venv sees the host's torch (system site-packages); the 
   echo "device_check: stage $stage installed into $VENV ($(ls ".kit/$stage" | wc -l) wheels)"
 }
 
+work_tree() {  # what a lent machine receives: tracked and untracked files that git does not ignore, nothing else
+  local dest=$1
+  mkdir -p "$dest"
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - --ignore-failed-read -cf - 2>/dev/null \
+    | tar -x -C "$dest"
+}
+
 case "${1:-}" in
   --prepare) prepare ;;
   --stage)
     install_stage "$2"
-    if [ "$2" = c ]; then
-      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-      export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
-      timeout 530 "$VENV/bin/python" -m bench.device_kit --out "${OUT:-bench/out/device}"
-    fi ;;
-  --dry-run)
+    [ "$2" = c ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+    export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
+    limit=200; [ "$2" = c ] && limit=530
+    timeout "$limit" "$VENV/bin/python" -m bench.device_kit --stage "$2" --keep "$KIT/results" \
+      --out "${OUT:-bench/out/device}" ;;
+  --dry-run)  # every stage, from a copy of the work tree as a lent machine gets it (no export, no generated file)
     export PYTHONUNBUFFERED=1
-    "${PYTHON:-.venv/bin/python}" -m bench.device_kit --dry-run --out "${2:-bench/out/device-dry-run}" ;;
+    python=$(realpath "${PYTHON:-.venv/bin/python}")
+    out=$(realpath -m "${2:-bench/out/device-dry-run}")
+    tree=$(mktemp -d /tmp/shim-device-tree.XXXXXX)
+    trap 'rm -rf "$tree"' EXIT
+    work_tree "$tree/repo"
+    cd "$tree/repo"
+    PYTHONPATH="$tree/repo" "$python" -m bench.device_kit --dry-run --out "$out" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
