@@ -59,6 +59,7 @@ class Row:
     mean_levels: float
     same_top1: bool
     top5_overlap: float
+    score_diff: float = 0.0  # largest |difference| of a class score (the shadow comparison's figure)
 
 
 class DecodeStep:
@@ -160,13 +161,19 @@ def measure(items: Sequence[corpus.Item], step: DecodeStep, description: ModelDe
         torch.jit.load(str(description.model_file()), map_location="cpu").eval())
     a = dict(zip(differ, logits_of(model, [legacy[i] for i in differ]), strict=True)) if differ else {}
     b = dict(zip(differ, logits_of(model, [encoded[i][1] for i in differ]), strict=True)) if differ else {}
+    from app import scores as score_functions
+
+    scores = {"softmax": score_functions.softmax, "sigmoid": score_functions.sigmoid,
+              "probabilities": score_functions.probabilities}[description.scores]
     rows = []
     for i, (item, (path, _)) in enumerate(zip(items, encoded, strict=True)):
-        same, overlap = True, 1.0
+        same, overlap, diff = True, 1.0, 0.0
         if i in a:
             top_a, top_b = np.argsort(-a[i])[:K], np.argsort(-b[i])[:K]
             same, overlap = bool(top_a[0] == top_b[0]), len(set(top_a) & set(top_b)) / K
-        rows.append(Row(item.name, item.kind, path, float(levels[i].max()), float(levels[i].mean()), same, overlap))
+            diff = float(np.abs(scores(a[i]) - scores(b[i])).max())
+        rows.append(Row(item.name, item.kind, path, float(levels[i].max()), float(levels[i].mean()), same, overlap,
+                        diff))
     summary = summarize(rows, seconds=time.monotonic() - started, decode_s=decoded_s, classified=len(differ))
     summary["model"] = str(description)
     return rows, summary
@@ -177,7 +184,9 @@ def summarize(rows: Sequence[Row], **extra: float) -> dict[str, Any]:
         return {"images": len(subset), "top1_agreement": float(np.mean([r.same_top1 for r in subset])),
                 "top5_overlap": float(np.mean([r.top5_overlap for r in subset])),
                 "max_levels": max(r.max_levels for r in subset), "mean_levels": float(np.mean([r.mean_levels
-                                                                                               for r in subset]))}
+                                                                                               for r in subset])),
+                "max_score_diff": max(r.score_diff for r in subset),
+                "p99_score_diff": float(np.percentile([r.score_diff for r in subset], 99))}
 
     forwarded = [r for r in rows if r.path == "triton"]
     summary: dict[str, Any] = {"all": figures(rows), "forwarded": figures(forwarded) if forwarded else None,

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The GPU device kit: one prepared command for the day a GPU machine is lent (one NVIDIA H200, 16 cores,
+# The GPU device kit: one prepared command per call for the day a GPU machine is lent (one NVIDIA H200, 16 cores,
 # Python 3.12 with torch 2.11+cu130, torchvision 0.26, numpy 2, pillow, prometheus-client, werkzeug; no flask,
-# gunicorn, tritonclient or Triton; no network; at most 64 MiB carried per call). It installs what it
-# carries, starts the wheel's Triton with resnet50 on the GPU and the shim on the host's cores, and in at most
-# about 8 minutes measures what bench/device_kit.py says (model-only images/s at batch 1-64; the shim per
-# transport, http, shm, uint8, encoded, at 16-256 connections with CPU per image; the GPU decode's images/s
-# and its agreement with the CPU path). It writes one results file: $OUT/device_results.json (and .md).
+# gunicorn, tritonclient or Triton; no network; at most 64 MiB carried per call). docs/gpu.md says how to read
+# what comes back. Each call writes $OUT/device_results.json (and .md) as it goes, keeping a copy in /tmp/kit:
+#   a  installs nvidia-pytriton and the web stack; ldd of the server, its python backend and stub ("not found")
+#   b  installs tritonclient and numpy 1.26; imports numpy and torch and initialises CUDA in the environment
+#      the server's python backend gets
+#   c  installs nvImageCodec; generates the repository from the descriptions (no export is carried), starts
+#      the wheel's Triton on the GPU and the shim on the host's cores, a smoke check (one JPEG through the
+#      decode step) and then, in about 8 minutes, what bench/device_kit.py lists; its file holds a and b too
 #
 # Here, on this machine, once (about 110 MiB of wheels into .kit/, which .gitignore keeps out of git):
 #     bash bench/device_check.sh --prepare
@@ -14,14 +17,15 @@
 #     1. run(command="bash bench/device_check.sh --stage a", carry=[".kit/a"], timeout_s=240)
 #     2. run(command="bash bench/device_check.sh --stage b", carry=[".kit/b"], timeout_s=240)
 #     3. run(command="bash bench/device_check.sh --stage c", carry=[".kit/c"], timeout_s=600)
-# Call 3 installs the last wheels and runs the measurement (about 8 minutes; it stops by itself); its files
-# come back under files_at: device_results.json and device_results.md. If a call finds /tmp/kit gone (the
-# machine went back between calls), it says so: start again from call 1. Then give_back.
+# If a call finds /tmp/kit gone (the machine went back between calls), it says so and exits 3: start again
+# from call 1 (the earlier calls' own files came back with them). Then give_back.
 # Stage sizes: a is nvidia-pytriton (55.4 MB) and the web stack, b tritonclient, grpcio, gevent and numpy
 # 1.26 (the wheel's python backend and tritonclient want numpy < 2), c nvImageCodec with nvJPEG (cu13) and
 # EfficientNet-Lite0's weights for the agreement figures: each under 64 MiB with the work tree.
 #
-#     bash bench/device_check.sh --dry-run    # here, on a CPU: the same measurement at toy sizes (make test)
+#     bash bench/device_check.sh --dry-run [OUT]   # here (make test): every stage, the GPU plan's shapes, a
+#                                                  # near-free model and the CPU, from a copy of the work tree
+#                                                  # as the lent machine gets it (git's tracked + unignored files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=/tmp/kit
@@ -67,17 +71,34 @@ install_stage() {  # the venv sees the host's torch (system site-packages); the 
   echo "device_check: stage $stage installed into $VENV ($(ls ".kit/$stage" | wc -l) wheels)"
 }
 
+work_tree() {  # what a lent machine receives: tracked and untracked files that git does not ignore, nothing else
+  local dest=$1
+  mkdir -p "$dest"
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - --ignore-failed-read -cf - 2>/dev/null \
+    | tar -x -C "$dest"
+}
+
 case "${1:-}" in
   --prepare) prepare ;;
   --stage)
     install_stage "$2"
-    if [ "$2" = c ]; then
-      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-      export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
-      timeout 530 "$VENV/bin/python" -m bench.device_kit --out "${OUT:-bench/out/device}"
-    fi ;;
-  --dry-run)
+    [ "$2" = c ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+    export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
+    limit=200; [ "$2" = c ] && limit=530
+    timeout "$limit" "$VENV/bin/python" -m bench.device_kit --stage "$2" --keep "$KIT/results" \
+      --out "${OUT:-bench/out/device}" ;;
+  --dry-run)  # every stage, from a copy of the work tree as a lent machine gets it (no export, no generated file)
     export PYTHONUNBUFFERED=1
-    "${PYTHON:-.venv/bin/python}" -m bench.device_kit --dry-run --out "${2:-bench/out/device-dry-run}" ;;
+    python=${PYTHON:-.venv/bin/python}
+    python="$(cd "$(dirname "$python")" && pwd)/$(basename "$python")"  # absolute, a venv's symlink kept
+    out=$(realpath -m "${2:-bench/out/device-dry-run}")
+    tree=$(mktemp -d /tmp/shim-device-tree.XXXXXX)
+    trap 'rm -rf "$tree"' EXIT
+    work_tree "$tree/repo"
+    if [ -d .cache/agreement-corpus ]; then  # generated pictures, named by corpus.py's hash: remade when stale
+      mkdir -p "$tree/repo/.cache" && cp -r .cache/agreement-corpus "$tree/repo/.cache/"
+    fi
+    cd "$tree/repo"
+    PYTHONPATH="$tree/repo" "$python" -m bench.device_kit --dry-run --out "$out" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

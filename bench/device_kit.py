@@ -1,22 +1,27 @@
 """`bench/device_check.sh`'s measurement, for the day a GPU machine is lent (see the script's header for how).
 
-One run, at most about 8 minutes on the lent host (one H200, 16 cores), writing one results file:
+Three stages, one call each, every one writing its section of the results file as soon as it has it:
 
-  model-only   resnet50 (seeded weights: real shapes and speed) in torch on the GPU, batch 1 to 64, and through
-               Triton (the wheel's, KIND_GPU: the libtorch stand-in runs the TorchScript on the GPU) with
-               ready-made FP32 batches
-  decode       resnet50_decode on the GPU (nvImageCodec's nvJPEG, torch resize): images/s for 640x480 JPEGs,
-               whether a truncated JPEG is refused, and the agreement with the legacy path on the generated
-               corpus of efficientnet_lite0_decode (the same code, generated from EfficientNet-Lite0's description:
-               bench/agreement.py, that model's top-1 and top-5 with its own preprocessing, the tensors' differences)
-  shim         the shim under gunicorn on the host's cores, one row per transport (fp32, uint8, encoded)
-               at 16, 64 and 256 connections (bench/loadgen.py): images/s, p50/p99, CPU ms per image of the
-               shim's and of Triton's processes (/proc)
+  a  libraries   `ldd` of the wheel's tritonserver, its python backend, the stub of this Python and the cache
+                 library: every "not found" line goes into the results (the server would not start)
+  b  python env  in the environment the python backend's stub gets (devstack.wheel.server_environment): the
+                 interpreter, numpy (below 2 for the wheel's Triton 2.51, whose stub pybind11 2.10 cannot read
+                 numpy 2), torch, and CUDA initialised (torch.cuda.init, one allocation)
+  c  measure     the repository generated on the machine from the descriptions (triton_repo's model.toml files:
+                 configs and the decode steps' model.py, never carried), the kit's own bench model beside
+                 resnet50 for the batch sizes past its description's max_batch_size; the wheel's Triton on it;
+                 first a smoke check (one JPEG through the decode step: its tensor's device, dtype and shape, and
+                 its difference from the shim's CPU path, with one answer compared), then:
+    model_only   the bench model in torch and through Triton, batch 1 to 64
+    decode       resnet50_decode: images/s, whether JPEGs cut short are refused, the agreement with the legacy
+                 path on the generated corpus (efficientnet_lite0_decode: bench/agreement.py)
+    shim         the shim per transport (fp32, uint8, encoded) at 16, 64 and 256 connections
 
---dry-run does all of it on a CPU machine at toy sizes (resnet18, batches 1-2, 4 connections, windows under a
-second, a 12-upload corpus, one instance per model, KIND_CPU): `make test` runs it, so the kit is known to
-work before a GPU is lent. A step that fails is recorded with its error and the others still run; the results
-file is rewritten after every step, so a run cut short still leaves what it measured.
+--dry-run runs all three stages on a CPU machine with the GPU plan's shapes (every batch size, the described
+instance counts, every model and stage, the whole corpus) and a near-free model (modelrepo/standin.py) in place
+of ResNet-50, KIND_CPU in place of KIND_GPU and short windows: `make test` runs it from a copy of the work tree
+as a lent machine receives it (bench/device_check.sh), so every step that can fail there for a reason other
+than the GPU fails here first. A step that fails is recorded with its error and the others still run.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,8 +46,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-MODELS = ("resnet50", "normalize", "resnet50_uint8", "resnet50_decode", "resnet50_encoded")
 TRANSPORTS = ("fp32", "uint8", "encoded")
+DESCRIBED = "resnet50"  # the model the shim serves, exactly as its description says
+BENCH = "kit_resnet50_b64"  # the kit's own copy of it for the model-only rows: max_batch_size 64
+RESULTS = "device_results.json"
+SECTIONS = ("libraries", "python_env", "repository", "triton", "smoke", "model_only", "decode", "shim")
 
 
 @dataclass(frozen=True)
@@ -54,27 +63,34 @@ class Plan:
     decode_s: float
     corpus_limit: int | None
     gpu: bool
-    instances: int | None  # None: the committed configs' counts
     shim_workers: int
     loadgen_processes: int
-    near_free: bool = False  # Triton's resnet50 and normalize as numpy stand-ins (modelrepo/standin.py)
+    near_free: bool = False  # Triton's models as numpy stand-ins (modelrepo/standin.py)
 
 
-FULL = Plan(arch="resnet50", batches=(1, 2, 4, 8, 16, 32, 64), connections=(16, 64, 256), warmup_s=2.0, window_s=5.0,
-            decode_s=8.0, corpus_limit=None, gpu=True, instances=None,
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+CONNECTIONS = (16, 64, 256)
+FULL = Plan(arch="resnet50", batches=BATCHES, connections=CONNECTIONS, warmup_s=2.0, window_s=5.0,
+            decode_s=8.0, corpus_limit=None, gpu=True,
             shim_workers=max(2, len(os.sched_getaffinity(0)) // 2), loadgen_processes=4)
-DRY = Plan(arch="resnet18", batches=(1, 2), connections=(4,), warmup_s=0.3, window_s=1.0, decode_s=1.0,
-           corpus_limit=12, gpu=False, instances=1, shim_workers=1, loadgen_processes=1, near_free=True)
+# The dry run's connections are scaled to 2 cores and one shim worker (256 there are answered 503 overloaded).
+DRY = Plan(arch="resnet18", batches=BATCHES, connections=(4, 8, 16), warmup_s=0.2, window_s=0.6, decode_s=0.6,
+           corpus_limit=None, gpu=False, shim_workers=1, loadgen_processes=1, near_free=True)
 
 
 class Results:
     """One JSON file (and its markdown), rewritten after every step."""
 
-    def __init__(self, out: Path, plan: Plan, dry: bool) -> None:
-        self.out = out
+    def __init__(self, out: Path, plan: Plan, dry: bool, keep: Path | None = None) -> None:
+        self.out, self.keep = out, keep
         self.started = time.monotonic()
         self.data: dict[str, Any] = {"dry_run": dry, "plan": plan.__dict__, "machine": machine(), "steps": {},
                                      "errors": {}}
+        earlier = keep / RESULTS if keep else None
+        if earlier and earlier.is_file():  # the earlier calls' sections (stages a and b), kept on the machine
+            old = json.loads(earlier.read_text())
+            self.data["steps"].update(old.get("steps", {}))
+            self.data["errors"].update(old.get("errors", {}))
 
     def step(self, name: str, work: Callable[[], Any]) -> Any:
         print(f"device kit: {name} ...", flush=True)
@@ -93,9 +109,20 @@ class Results:
 
     def write(self) -> None:
         self.data["elapsed_s"] = round(time.monotonic() - self.started, 1)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "device_results.json").write_text(json.dumps(self.data, indent=2, default=str))
+        text = json.dumps(self.data, indent=2, default=str)
+        for folder in (self.out, self.keep):
+            if folder is None:
+                continue
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / (RESULTS + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(folder / RESULTS)  # a run killed mid-write still leaves the last whole file
         (self.out / "device_results.md").write_text(markdown(self.data))
+
+    def note(self, name: str, value: Any) -> None:
+        """A figure of a step still running, written at once (a run cut short keeps it)."""
+        self.data.setdefault("partial", {})[name] = value
+        self.write()
 
 
 def machine() -> dict[str, Any]:
@@ -112,53 +139,138 @@ def machine() -> dict[str, Any]:
     return info
 
 
+# -- stages a and b: what the server and its python backend need ------------------------------------------------
+
+def libraries() -> dict[str, Any]:
+    """ldd of every binary the server loads from the wheel: each "not found" line, named by its file."""
+    from devstack.wheel import find_wheel
+
+    wheel = find_wheel()
+    files = [wheel.binary, wheel.python_backend / "libtriton_python.so", wheel.stub,
+             *sorted(wheel.caches.rglob("*.so"))]
+    out: dict[str, Any] = {"wheel": str(wheel.root), "checked": [str(f) for f in files], "not_found": {}}
+    for f in files:
+        if not f.is_file():
+            out["not_found"][str(f)] = ["(the file itself is missing)"]
+            continue
+        run = subprocess.run(["ldd", str(f)], capture_output=True, text=True, timeout=60)
+        missing = [line.strip() for line in (run.stdout + run.stderr).splitlines() if "not found" in line]
+        if missing:
+            out["not_found"][str(f)] = missing
+    for name, lines in out["not_found"].items():
+        print(f"  ldd {name}: " + "; ".join(lines), flush=True)
+    if out["not_found"]:
+        raise RuntimeError(f"shared libraries not found: {json.dumps(out['not_found'])}")
+    return out
+
+
+PROBE = """
+import json, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+import numpy
+out["numpy"] = numpy.__version__
+import torch
+out["torch"], out["torch_cuda"] = torch.__version__, torch.version.cuda
+out["cuda_available"] = torch.cuda.is_available()
+if out["cuda_available"]:
+    torch.cuda.init()
+    out["device"] = torch.cuda.get_device_name(0)
+    out["allocated"] = float(torch.ones(1024, device="cuda").sum().item())
+print(json.dumps(out))
+"""
+
+
+def python_env(plan: Plan) -> dict[str, Any]:
+    """The python backend's stub embeds the first python3 on the PATH the server gets: that interpreter imports
+    numpy and torch and initialises CUDA here, with the server's environment."""
+    from devstack.wheel import server_environment
+
+    env = server_environment()
+    python3 = shutil.which("python3", path=env["PATH"]) or "python3"
+    run = subprocess.run([python3, "-c", PROBE], capture_output=True, text=True, env=env, timeout=180)
+    if run.returncode != 0:
+        raise RuntimeError(f"{python3} in the python backend's environment: {run.stderr.strip()[-2000:]}")
+    out: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    out["LD_LIBRARY_PATH"] = env.get("LD_LIBRARY_PATH", "")
+    print(f"  python backend's env: {out}", flush=True)
+    if int(out["numpy"].split(".")[0]) >= 2:  # the wheel's server is Triton 2.51 (NGC 24.10): pybind11 2.10
+        raise RuntimeError(f"numpy {out['numpy']} in the python backend's environment: Triton 2.51's stub cannot "
+                           "read numpy 2 tensors (install numpy<2 into the kit's venv: stage b's numpy 1.26.4)")
+    if plan.gpu and not out["cuda_available"]:
+        raise RuntimeError(f"CUDA is not available to torch {out['torch']} in the python backend's environment")
+    return out
+
+
 # -- the repository ---------------------------------------------------------------------------------------------
 
-def build_repo(dest: Path, plan: Plan) -> Path:
-    """triton_repo's five models of the kit, with a seeded `plan.arch` as resnet50 (max batch 64 for the
-    model-only rows) and the normalize TorchScript, and the agreement's decode step, written into `dest` (never
-    into triton_repo)."""
-    from google.protobuf import text_format
+def bench_description(root: Path, dest: Path) -> Any:
+    """The kit's own model for the model-only rows: resnet50's description under another name with
+    max_batch_size 64, written as a description of its own (resnet50's is never edited)."""
+    from app.description import load
 
-    from devstack.cpu_repo import read_config
+    text = (root / "triton_repo" / DESCRIBED / "model.toml").read_text()
+    lines = []
+    for line in text.splitlines():
+        key = line.split("=")[0].strip()
+        if key == "name":
+            line = f'name = "{BENCH}"'
+        elif key == "max_batch_size":
+            line = f"max_batch_size = {BATCHES[-1]}"
+        lines.append(line)
+    (dest / BENCH).mkdir(parents=True)
+    (dest / BENCH / "model.toml").write_text("# bench/device_kit.py: resnet50's description for batches up to 64\n"
+                                            + "\n".join(lines) + "\n")
+    return load(dest / BENCH / "model.toml")
+
+
+def build_repo(dest: Path, plan: Plan, root: Path = ROOT) -> Path:
+    """triton_repo as committed, its generated files (configs, the decode steps' model.py) written from the
+    descriptions here and now, labels and TorchScript exported, the bench model beside it; then checked as the
+    embedded server checks a repository (a file missing or a config edited behind its description fails here)."""
+    from app.description import load
+    from devstack.cpu_repo import model_dirs
+    from modelrepo import generate
     from modelrepo.export import build_model, export_normalize, save_torchscript, write_labels
-    from modelrepo.standin import write_standin_repo
 
     if dest.exists():
         shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    source = ROOT / "triton_repo"
-    if plan.near_free:  # the dry run: numpy stand-ins with the same interfaces, no TorchScript to run on a CPU
-        source = write_standin_repo(dest.parent / "standin", keep_torch_models=True)
-    for name in MODELS:
-        shutil.copytree(source / name, dest / name,
-                        ignore=shutil.ignore_patterns("__pycache__", "model.pt", "labels.txt", "configs"))
-        config = read_config(dest / name / "config.pbtxt")
-        if name == "resnet50":
-            config.max_batch_size = max(plan.batches[-1], config.max_batch_size)
-            del config.dynamic_batching.preferred_batch_size[:]
-            config.dynamic_batching.preferred_batch_size.extend(
-                b for b in (8, 16, 32, 64) if b <= config.max_batch_size)
-        for group in config.instance_group:
-            if plan.instances is not None:
-                group.count = plan.instances
-        (dest / name / "config.pbtxt").write_text(text_format.MessageToString(config))
-    # The agreement's decode step: the same code, with the reference model's own preprocessing (bench/agreement.py).
-    from bench import agreement, reference_model
+    built = dest.parent / "generated"
+    shutil.rmtree(built, ignore_errors=True)
+    shutil.copytree(root / "triton_repo", built, ignore=shutil.ignore_patterns("__pycache__"))
+    described = [load(d / "model.toml") for d in model_dirs(built).values() if (d / "model.toml").is_file()]
+    for description in described:
+        generate.write(description, built)
+        write_labels(plan.arch, built / description.name / "labels.txt")
+    bench = bench_description(root, built)
+    for rel, text in generate.the_model(bench).items():
+        (built / rel).parent.mkdir(parents=True, exist_ok=True)
+        (built / rel).write_text(text)
+    write_labels(plan.arch, built / BENCH / "labels.txt")
+    from bench import agreement, reference_model  # the agreement's decode step, with its model's preprocessing
 
-    step = agreement.write_decode_step(reference_model.reference(), dest)
-    config = read_config(dest / step / "config.pbtxt")
-    for group in config.instance_group:
-        if plan.instances is not None:
-            group.count = plan.instances
-    (dest / step / "config.pbtxt").write_text(text_format.MessageToString(config))
-    write_labels(plan.arch, dest / "resnet50" / "labels.txt")
-    if not plan.near_free:
-        (dest / "resnet50" / "1").mkdir(exist_ok=True)
-        save_torchscript(build_model(plan.arch, None, 0), dest / "resnet50" / "1" / "model.pt",
-                         {"arch": plan.arch, "seed": 0})
+    agreement.write_decode_step(reference_model.reference(), built)
+    if plan.near_free:  # numpy stand-ins with the same interfaces; the decode steps run as generated
+        from modelrepo.standin import REPLACEMENTS, write_standin_repo
+
+        write_standin_repo(dest, built, plan.arch, {**REPLACEMENTS, BENCH: REPLACEMENTS[DESCRIBED]},
+                           keep_torch_models=True)
+    else:
+        shutil.copytree(built, dest)
+        for name in (DESCRIBED, BENCH):
+            (dest / name / "1").mkdir(exist_ok=True)
+            save_torchscript(build_model(plan.arch, None, 0), dest / name / "1" / "model.pt",
+                             {"arch": plan.arch, "seed": 0})
         export_normalize(dest)
+    check_repo(dest)
     return dest
+
+
+def check_repo(repo: Path) -> None:
+    """The embedded server's own check, before starting it: every model's files there, every generated file
+    its description's (devstack.cpu_repo.check_model_files)."""
+    from devstack.cpu_repo import check_model_files
+
+    check_model_files(repo)
 
 
 def start_triton(repo: Path, work: Path, plan: Plan) -> Any:
@@ -182,20 +294,25 @@ def triton_pid(triton: Any) -> int:
 # -- the steps --------------------------------------------------------------------------------------------------
 
 def closed_loop(url: str, call: Callable[[Any], int], threads: int, seconds: float, warmup_s: float) -> dict[str, Any]:
-    """`threads` threads calling call(client) in a loop (each returns the images it did): images/s."""
+    """`threads` threads calling call(client) in a loop (each returns the images it did): images/s over the
+    calls that began after the warmup, each thread going on past the window until it has finished one (a large
+    batch on a busy CPU may take longer than a short window)."""
     import tritonclient.http as httpclient
 
     done = [0] * threads
+    last = [0.0] * threads
     errors: list[str] = []
-    start, stop = time.monotonic() + warmup_s, time.monotonic() + warmup_s + seconds
+    start = time.monotonic() + warmup_s
+    stop = start + seconds
 
     def loop(i: int, url: str) -> None:
         client = httpclient.InferenceServerClient(url, network_timeout=120)
         try:
-            while (now := time.monotonic()) < stop:
+            while (began := time.monotonic()) < stop or (done[i] == 0 and began < stop + 60):
                 n = call(client)
-                if now >= start:
+                if began >= start:
                     done[i] += n
+                    last[i] = time.monotonic()
         except Exception as e:  # one thread's failure is the row's error, not the kit's
             errors.append(f"{type(e).__name__}: {e}")
         finally:
@@ -206,10 +323,11 @@ def closed_loop(url: str, call: Callable[[Any], int], threads: int, seconds: flo
         t.start()
     for t in workers:
         t.join()
-    return {"images_per_s": round(sum(done) / seconds, 1), "threads": threads, "errors": errors[:3]}
+    elapsed = max(max(last) - start, seconds) if any(done) else seconds
+    return {"images_per_s": round(sum(done) / elapsed, 1), "threads": threads, "errors": errors[:3]}
 
 
-def model_only(triton: Any, plan: Plan) -> dict[str, Any]:
+def model_only(triton: Any, plan: Plan, results: Results) -> dict[str, Any]:
     import numpy as np
     import torch
     import tritonclient.http as httpclient
@@ -238,6 +356,7 @@ def model_only(triton: Any, plan: Plan) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             out["in_process"][str(batch)] = round(n * batch / (time.monotonic() - began), 1)
+            results.note("model_only", out)
     del model
     for batch in plan.batches:
         data = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
@@ -245,11 +364,77 @@ def model_only(triton: Any, plan: Plan) -> dict[str, Any]:
         def call(client: Any, data: Any = data) -> int:
             tensor = httpclient.InferInput("input__0", list(data.shape), "FP32")
             tensor.set_data_from_numpy(data, binary_data=True)
-            client.infer("resnet50", [tensor])
+            client.infer(BENCH, [tensor])
             return int(data.shape[0])
 
         out["through_triton"][str(batch)] = closed_loop(triton.http_url, call, 4, plan.window_s / 2, plan.warmup_s)
+        results.note("model_only", out)
     out["device"] = str(device)
+    return out
+
+
+def smoke(triton: Any, plan: Plan) -> dict[str, Any]:
+    """One JPEG through the decode step, before the long measurement: in this process on the device (the step's
+    own code: its tensor's device, dtype and shape), and through Triton, compared with the shim's CPU path."""
+    import importlib.util
+
+    import numpy as np
+    import torch
+    import tritonclient.http as httpclient
+
+    from app.description import load
+    from app.preprocess import decode, prepare
+    from bench import stack
+
+    description = load(Path(triton.config.model_repository) / DESCRIBED / "model.toml")
+    jpeg = stack.sample_jpegs(1)[0]
+    out: dict[str, Any] = {"jpeg_bytes": len(jpeg)}
+    spec = importlib.util.spec_from_file_location("kit_decode", ROOT / "modelrepo" / "triton_models" / "decode.py")
+    assert spec is not None and spec.loader is not None
+    step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step)
+    from nvidia import nvimgcodec
+
+    device = torch.device("cuda" if plan.gpu and torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        decoder = nvimgcodec.Decoder(device_id=0, options=":fancy_upsampling=1")
+    else:
+        decoder = nvimgcodec.Decoder(device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+                                     backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.CPU_ONLY)])
+    image = decoder.decode(np.frombuffer(jpeg, np.uint8),
+                           params=nvimgcodec.DecodeParams(apply_exif_orientation=False,
+                                                          color_spec=nvimgcodec.ColorSpec.SRGB))
+    on_device = "DEVICE" in str(getattr(image, "buffer_kind", ""))
+    hwc = torch.as_tensor(image, device=device) if on_device else torch.from_numpy(np.asarray(image)).to(device)
+    tensor = step.Transform(description.decode_parameters(), device)(hwc)
+    out["in_process"] = {"device": str(tensor.device), "dtype": str(tensor.dtype), "shape": list(tensor.shape),
+                         "decoded_on": "device" if on_device else "host"}
+    client = httpclient.InferenceServerClient(triton.http_url, network_timeout=120)
+    try:
+        sent = httpclient.InferInput("encoded", [1, len(jpeg)], "UINT8")
+        sent.set_data_from_numpy(np.frombuffer(jpeg, np.uint8).reshape(1, -1), binary_data=True)
+        got = client.infer(description.decode_model, [sent]).as_numpy("decoded")
+        cpu = prepare(decode(jpeg, description.spec()), description.spec(), fp32=True).fp32()
+        std = np.asarray(description.std, np.float32).reshape(3, 1, 1)
+        levels = np.abs(np.asarray(got).reshape(cpu.shape) - cpu) * std * 255
+        out["through_triton"] = {"dtype": str(got.dtype), "shape": list(got.shape),
+                                 "max_levels": round(float(levels.max()), 3),
+                                 "mean_levels": round(float(levels.mean()), 4)}
+        answers = {}
+        for model, tensor_in in (("encoded", sent), ("tensor", None)):
+            if tensor_in is None:
+                tensor_in = httpclient.InferInput("input__0", [1, *cpu.shape], "FP32")
+                tensor_in.set_data_from_numpy(cpu[None].astype(np.float32), binary_data=True)
+            name = description.encoded_model if model == "encoded" else DESCRIBED
+            answers[model] = client.infer(name, [tensor_in]).as_numpy("output__0").reshape(-1)
+        out["answer"] = {"top1_encoded": int(answers["encoded"].argmax()),
+                         "top1_cpu_path": int(answers["tensor"].argmax()),
+                         "max_logit_diff": round(float(np.abs(answers["encoded"] - answers["tensor"]).max()), 6)}
+    finally:
+        client.close()
+    print(f"  smoke: {out}", flush=True)
+    if out["answer"]["top1_encoded"] != out["answer"]["top1_cpu_path"]:
+        raise RuntimeError(f"the encoded path's answer differs from the CPU path's: {out}")
     return out
 
 
@@ -290,12 +475,29 @@ def decode_step(triton: Any, plan: Plan) -> dict[str, Any]:
     finally:
         step.close()
     out["agreement"] = summary
+    out["shadow_tolerance"] = shadow_tolerance(summary)
     out["agreement_rows"] = [r.__dict__ for r in rows if not r.same_top1 or r.max_levels > 1]
     out["instance_kinds"] = sorted({str(g.get("kind")) for g in step.instances})
     return out
 
 
-def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan) -> list[dict[str, Any]]:
+def shadow_tolerance(summary: dict[str, Any]) -> dict[str, Any]:
+    """SHIM_SHADOW_TOLERANCE for the encoded transport from this device's figures: the largest class-score
+    difference between the decode step's and the legacy path's answers over the forwarded corpus, doubled and
+    rounded up to one significant digit, so that the decoder's own difference never reads as a mismatch."""
+    import math
+
+    figures = summary.get("forwarded") or summary["all"]
+    worst = float(figures["max_score_diff"])
+    if worst <= 0:
+        return {"max_score_diff": 0.0, "suggested": None}
+    digits = math.floor(math.log10(2 * worst))
+    suggested = math.ceil(2 * worst / 10 ** digits) * 10 ** digits
+    return {"max_score_diff": worst, "p99_score_diff": figures["p99_score_diff"],
+            "uploads": figures["images"], "suggested": float(f"{suggested:.1g}")}
+
+
+def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan, results: Results) -> list[dict[str, Any]]:
     from bench import stack
     from bench.loadgen import Job, LoadGenerator, multipart_request
     from bench.report import summarize
@@ -333,6 +535,7 @@ def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan) -> list[dict[str,
                            "triton_cpu_ms_per_image": round(1000 * window.get("triton", {}).get("cpu_s", 0) / good, 3),
                            "loadgen_cpu_ms_per_image": summary["loadgen_cpu_ms_per_request"]}
                     rows.append(row)
+                    results.note("shim", rows)
                     print(f"  shim [{transport}] c={connections}: {row['images_per_s']} images/s, shim CPU "
                           f"{row['shim_cpu_ms_per_image']} ms/img, Triton {row['triton_cpu_ms_per_image']}, "
                           f"{row['errors']} errors", flush=True)
@@ -348,6 +551,14 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [f"# Device check{' (dry run: toy sizes, no GPU)' if data['dry_run'] else ''}", "",
              f"Python {m.get('python')}, {m.get('cores')} cores, torch {m.get('torch')} (CUDA {m.get('cuda')}), "
              f"GPUs: {', '.join(m.get('gpus') or []) or 'none'}; {data.get('elapsed_s')} s.", ""]
+    if "libraries" in steps:
+        lines += [f"- libraries: {len(steps['libraries']['checked'])} files checked with ldd, none missing"]
+    if "python_env" in steps:
+        env = steps["python_env"]
+        lines += [f"- python backend's environment: Python {env['python']}, numpy {env['numpy']}, torch {env['torch']}"
+                  f" (CUDA {env['torch_cuda']}), CUDA available: {env['cuda_available']} {env.get('device', '')}"]
+    if "smoke" in steps:
+        lines += [f"- smoke: {json.dumps(steps['smoke'])}", ""]
     if "model_only" in steps:
         mo = steps["model_only"]
         lines += [f"## Model only ({data['plan']['arch']}, {mo['device']})", "", "| batch | in torch, images/s | "
@@ -368,7 +579,8 @@ def markdown(data: dict[str, Any]) -> str:
                   f"top-1 {a['top1_agreement']:.2%}, mean "
                   f"top-5 overlap {a['top5_overlap']:.2%}, tensor max {a['max_levels']:.2f} / mean "
                   f"{a['mean_levels']:.4f} pixel levels ({'MET' if d['agreement']['met'] else 'NOT MET'}: targets "
-                  f"99.5 % and 99 %)", ""]
+                  f"99.5 % and 99 %)",
+                  f"- shadow tolerance for the encoded path: largest score difference {d['shadow_tolerance']}", ""]
     if "shim" in steps:
         lines += ["## The shim per transport", "", "| transport | connections | images/s | p50 ms | p99 ms | shim CPU "
                   "ms/img | Triton CPU ms/img | errors |", "| --- | --: | --: | --: | --: | --: | --: | --: |"]
@@ -377,6 +589,9 @@ def markdown(data: dict[str, Any]) -> str:
                          f"{_ms(r['p99_ms'])} | {r['shim_cpu_ms_per_image']} | {r['triton_cpu_ms_per_image']} | "
                          f"{r['errors']} |")
         lines.append("")
+    for name, value in data.get("partial", {}).items():
+        if name not in steps:
+            lines += [f"## Partial: {name} (cut short)", "", "```", json.dumps(value, indent=1), "```", ""]
     for name, error in data["errors"].items():
         lines += [f"## FAILED: {name}", "", "```", error.strip(), "```", ""]
     return "\n".join(lines)
@@ -389,11 +604,33 @@ def _ms(value: float | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.device_kit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dry-run", action="store_true", help="toy sizes on a CPU machine (make test runs this)")
+    p.add_argument("--dry-run", action="store_true", help="every stage on a CPU machine (make test runs this)")
+    p.add_argument("--stage", choices=("a", "b", "c", "all"), default="all")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "bench" / "out" / "device"))
+    p.add_argument("--keep", type=Path, default=None,
+                   help="a folder that outlives the call (the lent machine's /tmp/kit): stage c's file holds a and b")
     args = p.parse_args(argv)
     plan = DRY if args.dry_run else FULL
-    results = Results(args.out, plan, args.dry_run)
+    results = Results(args.out, plan, args.dry_run, args.keep)
+    import app
+
+    results.data["tree"] = str(ROOT)
+    if not Path(app.__file__).resolve().is_relative_to(ROOT):  # another checkout's code would be measured
+        results.data["errors"]["tree"] = f"the shim's code comes from {app.__file__}, not from {ROOT}"
+    stages = "abc" if args.stage == "all" else args.stage
+    if "a" in stages:
+        results.step("libraries", libraries)
+    if "b" in stages:
+        results.step("python_env", lambda: python_env(plan))
+    if "c" in stages:
+        measure(results, plan)
+    results.write()
+    print((args.out / "device_results.md").read_text())
+    print(f"device kit: wrote {args.out / RESULTS} and device_results.md", flush=True)
+    return 1 if results.data["errors"] else 0
+
+
+def measure(results: Results, plan: Plan) -> None:
     work = Path(tempfile.mkdtemp(prefix="shim-device-"))
     triton = None
     try:
@@ -402,17 +639,14 @@ def main(argv: list[str] | None = None) -> int:
             triton = results.step("triton", lambda: start_triton(Path(repo), work / "triton", plan))
         if triton is not None:
             results.data["steps"]["triton"] = {"url": triton.http_url, "gpu": plan.gpu}
-            results.step("model_only", lambda: model_only(triton, plan))
+            results.step("smoke", lambda: smoke(triton, plan))
+            results.step("model_only", lambda: model_only(triton, plan, results))
             results.step("decode", lambda: decode_step(triton, plan))
-            results.step("shim", lambda: shim_rows(triton, Path(repo), work, plan))
+            results.step("shim", lambda: shim_rows(triton, Path(repo), work, plan, results))
     finally:
         if triton is not None:
             triton.stop(graceful=False)
         shutil.rmtree(work, ignore_errors=True)
-        results.write()
-    print((args.out / "device_results.md").read_text())
-    print(f"device kit: wrote {args.out / 'device_results.json'} and device_results.md", flush=True)
-    return 1 if results.data["errors"] else 0
 
 
 if __name__ == "__main__":

@@ -127,7 +127,8 @@ def test_one_corrupt_upload_among_fifteen_good_ones_fails_alone(shim_encoded: Se
     readyz = requests.get(shim_encoded.url + "/readyz", timeout=10).json()
     assert readyz["transport"] == "encoded", readyz
     good = [encode(photo(640, 480, seed=100 + i), "JPEG", quality=90) for i in range(15)]
-    truncated = good[0][: len(good[0]) // 2]
+    at = good[0].find(b"\xff\xc4")  # a bogus Huffman table: the header is fine, only the decoder can tell
+    truncated = good[0][:at + 4] + b"\x00" + b"\xff" * 16 + good[0][at + 21:]
     refused_before = metric(shim_encoded.url, "shim_encoded_cpu_path_total", reason="decoder_refused")
     sent_before = triton_count(triton, "resnet50_encoded")
     with ThreadPoolExecutor(16) as pool:
@@ -141,6 +142,22 @@ def test_one_corrupt_upload_among_fifteen_good_ones_fails_alone(shim_encoded: Se
     assert triton_count(triton, "resnet50_encoded") - sent_before == 16  # the corrupt one too: `readable` false
     tensors = [post(shim_triton.url, d).json()["predictions"][0]["class_id"] for d in good]
     assert sum(a.json()["predictions"][0]["class_id"] == t for a, t in zip(answers[1:], tensors, strict=True)) >= 14
+
+
+def test_jpegs_cut_short_take_the_cpu_path_with_the_legacy_answer(shim_encoded: ServedApp, shim_triton: ServedApp,
+                                                                 triton: EmbeddedTriton) -> None:
+    """A GPU decoder may fill in what Pillow refuses: such uploads never reach Triton, nor count as its failures."""
+    jpeg = encode(photo(640, 480, seed=9), "JPEG", quality=90)
+    no_scan = jpeg[: jpeg.find(b"\xff\xda")] + b"\xff\xd9"
+    cut = [jpeg[: len(jpeg) // 2], jpeg[: len(jpeg) * 95 // 100], jpeg[:-2], no_scan]
+    before = metric(shim_encoded.url, "shim_encoded_cpu_path_total", reason="incomplete")
+    failures = sum(s.value for s in scrape(triton.metrics_url) if s.matches("nv_inference_request_failure", {}))
+    for data in cut:
+        got, legacy = post(shim_encoded.url, data), post(shim_triton.url, data)
+        assert (got.status_code, got.json()) == (legacy.status_code, legacy.json()), got.text[:300]
+    assert metric(shim_encoded.url, "shim_encoded_cpu_path_total", reason="incomplete") == before + len(cut)
+    assert sum(s.value for s in scrape(triton.metrics_url)
+               if s.matches("nv_inference_request_failure", {})) == failures
 
 
 def test_other_kinds_take_the_shims_cpu_path_and_answer_as_before(shim_encoded: ServedApp,

@@ -31,6 +31,20 @@ def exif_rotated() -> bytes:
     return encode(RGB, "JPEG", exif=exif.tobytes())
 
 
+def exif_thumbnail() -> bytes:
+    """A JPEG whose APP1 segment holds a whole small JPEG (its own EOI before the main scan)."""
+    thumb = encode(photo(16, 12, seed=3), "JPEG")
+    app1 = b"Exif\x00\x00" + thumb
+    return JPEG[:2] + b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1 + JPEG[2:]
+
+
+def bad_huffman_table() -> bytes:
+    """A JPEG whose header Pillow opens and whose decoder then refuses (a bogus Huffman table): the sniff cannot
+    tell, so Triton's decoder is the one that refuses it."""
+    at = JPEG.find(b"\xff\xc4")
+    return JPEG[:at + 4] + b"\x00" + b"\xff" * 16 + JPEG[at + 21:]
+
+
 @pytest.mark.parametrize(("name", "data", "reason"), [
     ("baseline 4:2:0 JPEG", JPEG, None),
     ("4:4:4 JPEG", encode(RGB, "JPEG", subsampling=0), None),
@@ -46,6 +60,13 @@ def exif_rotated() -> bytes:
     ("empty", b"", "unreadable"),
     ("text", b"this is not an image\n" * 20, "unreadable"),
     ("a JPEG's first 100 bytes", JPEG[:100], "unreadable"),
+    ("a JPEG cut at 50 %", JPEG[: len(JPEG) // 2], "incomplete"),
+    ("a JPEG cut at 95 %", JPEG[: len(JPEG) * 95 // 100], "incomplete"),
+    ("a JPEG without its EOI", JPEG[:-2], "incomplete"),
+    ("a JPEG with no scan", JPEG[: JPEG.find(b"\xff\xda")] + b"\xff\xd9", "incomplete"),
+    ("a progressive JPEG cut at 95 %", encode(RGB, "JPEG", progressive=True)[:-200], "incomplete"),
+    ("a JPEG with bytes after its EOI (Pillow reads it)", JPEG + b"trailer", None),
+    ("a truncated JPEG whose EXIF thumbnail ends with EOI", exif_thumbnail()[:-600], "incomplete"),
 ])
 def test_only_rgb_and_grayscale_jpegs_are_forwarded(name: str, data: bytes, reason: str | None) -> None:
     assert cpu_reason(data, ImageSpec()) == reason, name
@@ -151,7 +172,7 @@ def test_every_upload_gets_the_same_status_and_body_as_with_tensors(apps: Apps) 
 
 
 def test_an_upload_the_decoder_refuses_gets_the_legacy_answer(apps: Apps) -> None:
-    truncated = JPEG[: len(JPEG) // 2]
+    truncated = bad_huffman_table()
     assert cpu_reason(truncated, ImageSpec()) is None  # its header is fine: only decoding finds it
     apps.triton.refuse = {truncated, JPEG}
     before = cpu_path("decoder_refused")
@@ -162,6 +183,24 @@ def test_an_upload_the_decoder_refuses_gets_the_legacy_answer(apps: Apps) -> Non
     assert good.status_code == 200 and good.get_json() == apps.predict(JPEG, "tensors").get_json()
     assert cpu_path("decoder_refused") == before + 2
     assert apps.triton.tensors == 1
+
+
+def test_incomplete_jpegs_never_reach_a_decoder_that_would_fill_them_in(apps: Apps,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvJPEG and the hardware decoder accept some JPEGs cut short that Pillow refuses: the sniff keeps every
+    incomplete stream in the shim, whose answer is the legacy app's (400 or 200, status and body)."""
+    import tests.fakes
+
+    monkeypatch.setattr(tests.fakes, "_decodes", lambda data: True)  # a decoder that decodes whatever it gets
+    cut = {"50 %": JPEG[: len(JPEG) // 2], "95 %": JPEG[: len(JPEG) * 95 // 100], "no EOI": JPEG[:-2],
+           "no scan": JPEG[: JPEG.find(b"\xff\xda")] + b"\xff\xd9"}
+    before = cpu_path("incomplete")
+    for name, data in cut.items():
+        got, legacy = apps.predict(data), apps.predict(data, "tensors")
+        assert (got.status_code, got.get_json()) == (legacy.status_code, legacy.get_json()), name
+    assert [apps.predict(d).status_code for d in cut.values()] == [400, 400, 200, 400]  # Pillow reads "no EOI"
+    assert cpu_path("incomplete") == before + 2 * len(cut)
+    assert apps.triton.uploads == []  # none was sent to the decoder
 
 
 def test_fallback_decodes_a_forwarded_upload_for_legacy(tmp_path: Path) -> None:
