@@ -187,14 +187,15 @@ def build_normalize(mean: tuple[float, float, float] = IMAGENET_MEAN,
             super().__init__()
             self.register_buffer("scale", torch.full((1, 1, 1, 1), 255.0, dtype=torch.float32))
             self.register_buffer("reciprocal", torch.full((1, 1, 1, 1), 1 / 255, dtype=torch.float32))
+            self.divide: bool = to_float == "divide"
             self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1))
             self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1))
 
         def forward(self, pixels: torch.Tensor) -> torch.Tensor:
             chw = pixels.permute(0, 3, 1, 2).to(torch.float32)
             # ToTensor divides; v2's ToDtype(float32, scale=True) multiplies by the float32 reciprocal
-            chw = chw.div(self.scale) if to_float == "divide" else chw.mul(self.reciprocal)
-            return chw.sub(self.mean).div(self.std).contiguous()  # Normalize: sub, then div
+            return (chw.div(self.scale) if self.divide else chw.mul(self.reciprocal)).sub(self.mean).div(
+                self.std).contiguous()  # Normalize: sub, then div
 
     return Normalize().eval()
 
