@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,7 +79,8 @@ def test_the_defaults_are_todays_resnet50() -> None:
 def test_the_example_descriptions_are_valid_and_differ_from_resnet50(path: Path) -> None:
     d = load(path)
     assert d.name == path.parent.name
-    assert (d.resize, d.interpolation, d.mean, d.classes) != (256, "bilinear", (0.485, 0.456, 0.406), 1000)
+    assert (d.resize, d.interpolation, d.mean, d.classes, d.resize_on) != (256, "bilinear", (0.485, 0.456, 0.406),
+                                                                         1000, "pil")
     files = model_repo.generated_files(d)
     config = files[Path(d.name, "config.pbtxt")]
     assert f"dims: [ {d.classes} ]" in config and f'name: "{d.name}"' in config
@@ -297,3 +299,27 @@ def test_parse_accepts_an_in_memory_table() -> None:
     d = parse({"name": "x", "model": {"torchvision": "resnet18"}, "preprocess": {"max_size": 300}},
               Path("/repo/x/model.toml"))
     assert d.max_size == 300 and d.parameters()["max_size"] == "300"
+
+
+def test_the_forms_fields_read_and_their_wrong_values_name_the_field(tmp_path: Path) -> None:
+    def pre(text: str) -> Any:
+        return load(write(tmp_path, '[model]\ntorchvision = "resnet18"\n[preprocess]\n' + text))
+
+    squash = pre("resize = [224, 224]\n")
+    assert (squash.resize, squash.crop, squash.input_shape) == ((224, 224), (224, 224), (3, 224, 224))
+    wide = pre("resize = [256, 320]\ncrop = [224, 288]\n")
+    assert wide.input_shape == (3, 224, 288) and wide.parameters()["crop"] == "224,288"
+    v2 = pre('resize_on = "tensor"\nto_float = "multiply"\n')
+    assert v2.tolerance > 0 and pre("").tolerance == 0
+    assert v2.spec().to_float == "multiply" and v2.parameters()["resize_on"] == "tensor"
+    refused = {'resize_on = "tensor"\nantialias = false\n': r"\[preprocess\] antialias = False is not valid",
+               'resize_on = "tensor"\ninterpolation = "nearest"\n': r"interpolation = 'nearest' .*resize_on",
+               'resize_on = "gpu"\n': r"resize_on = 'gpu' is not valid: expected pil .* \| tensor",
+               'to_float = "round"\n': r"to_float = 'round' is not valid: expected divide",
+               "resize = [224, 224]\nmax_size = 300\n": r"max_size = 300 .*fixed-size resize",
+               "resize = [256, 320]\ncrop = [224, 330]\n": r"crop = \(224, 330\) .*at most resize",
+               "resize = [256]\n": r"resize = \[256\] is not valid: expected a whole number .* or \[height, width\]",
+               "antialias = 1\n": r"antialias = 1 is not valid: expected true or false"}
+    for text, says in refused.items():
+        with pytest.raises(DescriptionError, match=says):
+            pre(text)
