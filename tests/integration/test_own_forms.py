@@ -122,7 +122,7 @@ def test_each_form_answers_like_its_own_legacy_app_through_triton_and_legacy(for
 
 
 def test_triton_serves_the_forms_input_shape_and_preprocessing(form: Form, forms_triton: EmbeddedTriton) -> None:
-    served = requests.get(f"{forms_triton.http_url}/v2/models/{form.name}/config", timeout=10).json()
+    served = requests.get(f"http://{forms_triton.http_url}/v2/models/{form.name}/config", timeout=10).json()
     assert [int(d) for d in served["input"][0]["dims"]] == list(form.description.input_shape)
     params = {k: v["string_value"] for k, v in served["parameters"].items()}
     assert {k: params[k] for k in form.description.parameters()} == form.description.parameters()
@@ -141,7 +141,7 @@ def test_the_encoded_transport_serves_the_form(form: Form, forms_triton: Embedde
     d = form.description
     if form.name not in ENCODED_FORMS:
         pytest.skip("the forms' Triton serves the encoded transport of ENCODED_FORMS")
-    client = httpclient.InferenceServerClient(forms_triton.http_url.removeprefix("http://"), network_timeout=60)
+    client = httpclient.InferenceServerClient(forms_triton.http_url, network_timeout=60)
     try:
         for name, data in kinds().items():
             got = decode_step(client, data, d.decode_model)[0]
