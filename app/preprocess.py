@@ -8,7 +8,9 @@ and numpy, no torch, as torchvision 0.29's PIL path computes it: the same Pillow
 torchvision's output size (_compute_resized_output_size: the long side truncated, max_size applied after),
 no resize when the size is already right, the same crop offsets (round((h - crop) / 2)), the same zero
 padding when the crop is larger than the resized image, and a per-channel lookup table that holds, for
-each of the 256 pixel values, what ToTensor + Normalize compute in float32.
+each of the 256 pixel values, what ToTensor (or v2's ToDtype) + Normalize compute in float32. Fixed-size
+resizes (Resize((h, w))) and non-square crops take the same path. A v2 transform that resizes the uint8
+tensor (after ToImage) is resized with Pillow here, within one pixel level of torch's antialiased resize.
 Everything is built once; the functions hold no state.
 """
 
@@ -31,15 +33,23 @@ PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "nearest-exact": Image.Resam
                "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING, "lanczos": Image.Resampling.LANCZOS}
 
 
+Size = int | tuple[int, int]  # an int: Resize's short side / a square crop; a pair: (height, width)
+
+
+def pair(size: Size) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
 @dataclass(frozen=True, kw_only=True)
 class ImageSpec:
-    resize: int = 256
-    crop: int = 224
+    resize: Size = 256  # Resize(int): the short side; Resize((h, w)): a fixed size
+    crop: Size = 224  # CenterCrop(int) or CenterCrop((h, w))
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     interpolation: str = "bilinear"  # a torchvision InterpolationMode value
     max_size: int | None = None  # Resize(max_size=...): the longest the long side may become
     color: str = "convert"  # how a non-RGB upload becomes RGB: "convert" (Image.convert) or "white" (alpha on white)
+    to_float: str = "divide"  # ToTensor's x / 255, or "multiply": v2's ToDtype(float32, scale=True), x * (1 / 255)
     max_pixels: int = 40_000_000  # refused before decoding (decompression bombs)
     # ToTensor + Normalize for every uint8 value, per channel: shape (3, 256).
     table: npt.NDArray[np.float32] = field(init=False, repr=False, compare=False)
@@ -49,14 +59,19 @@ class ImageSpec:
             raise ValueError(f"interpolation {self.interpolation!r} is not one of {', '.join(PIL_FILTERS)}")
         if self.color not in ("convert", "white"):
             raise ValueError(f"color {self.color!r} is not convert or white")
-        values = np.arange(256, dtype=np.float32) / np.float32(255)  # ToTensor: float32 division by 255
+        if self.to_float not in ("divide", "multiply"):
+            raise ValueError(f"to_float {self.to_float!r} is not divide or multiply")
+        values = np.arange(256, dtype=np.float32)
+        # ToTensor: a float32 division by 255; v2's ToDtype: a float32 multiplication by the reciprocal (its last
+        # bit differs for some values; torch casts the scalar 1 / 255 to float32, as np.float32 does here)
+        values = values / np.float32(255) if self.to_float == "divide" else values * np.float32(1 / 255)
         mean = np.asarray(self.mean, dtype=np.float32)[:, None]
         std = np.asarray(self.std, dtype=np.float32)[:, None]
         object.__setattr__(self, "table", (values[None, :] - mean) / std)  # Normalize: sub, then div
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        return (3, self.crop, self.crop)
+        return (3, *pair(self.crop))
 
 
 def configure_pillow(spec: ImageSpec) -> None:
@@ -99,9 +114,12 @@ def to_rgb(image: Image.Image, spec: ImageSpec) -> Image.Image:
     return image.convert("RGB")
 
 
-def resized_size(width: int, height: int, short_side: int, max_size: int | None = None) -> tuple[int, int]:
-    """torchvision's Resize(int, max_size) output size: the short side becomes `short_side`, the long side
-    scales (truncated); a long side past max_size becomes max_size and the short side scales down with it."""
+def resized_size(width: int, height: int, short_side: Size, max_size: int | None = None) -> tuple[int, int]:
+    """torchvision's Resize output size (width, height): a pair (height, width) is the size itself; for an int
+    the short side becomes `short_side`, the long side scales (truncated); a long side past max_size becomes
+    max_size and the short side scales down with it."""
+    if not isinstance(short_side, int):
+        return int(short_side[1]), int(short_side[0])
     short, long = (width, height) if width <= height else (height, width)
     new_short, new_long = short_side, int(short_side * long / short)
     if max_size is not None and new_long > max_size:
@@ -110,7 +128,9 @@ def resized_size(width: int, height: int, short_side: int, max_size: int | None 
 
 
 def crop(image: Image.Image, spec: ImageSpec) -> npt.NDArray[np.uint8]:
-    """RGB image -> the uint8 HWC pixels that torchvision's Resize + CenterCrop keep: [crop, crop, 3]."""
+    """RGB image -> the uint8 HWC pixels that torchvision's Resize + CenterCrop keep: [crop h, crop w, 3].
+    A description that resizes the tensor (v2 after ToImage) is resized here with Pillow too: torch's
+    antialiased resize is within one pixel level of it (ModelDescription.tolerance)."""
     width, height = image.size
     new_w, new_h = resized_size(width, height, spec.resize, spec.max_size)
     if new_w * new_h > spec.max_pixels:
@@ -120,16 +140,16 @@ def crop(image: Image.Image, spec: ImageSpec) -> npt.NDArray[np.uint8]:
                        "leaves no pixel across")
     if (new_w, new_h) != (width, height):  # torchvision skips the resize at the target size
         image = image.resize((new_w, new_h), PIL_FILTERS[spec.interpolation])
-    size = spec.crop
-    if size > new_w or size > new_h:  # CenterCrop pads with zeros first (left/top get the smaller half)
-        left_pad, top_pad = max(0, (size - new_w) // 2), max(0, (size - new_h) // 2)
-        padded = np.zeros((max(size, new_h), max(size, new_w), 3), dtype=np.uint8)
+    crop_h, crop_w = pair(spec.crop)
+    if crop_h > new_h or crop_w > new_w:  # CenterCrop pads with zeros first (left/top get the smaller half)
+        left_pad, top_pad = max(0, (crop_w - new_w) // 2), max(0, (crop_h - new_h) // 2)
+        padded = np.zeros((max(crop_h, new_h), max(crop_w, new_w), 3), dtype=np.uint8)
         padded[top_pad:top_pad + new_h, left_pad:left_pad + new_w] = np.asarray(image)
-        top, left = round((padded.shape[0] - size) / 2.0), round((padded.shape[1] - size) / 2.0)
-        return np.ascontiguousarray(padded[top:top + size, left:left + size])
-    top = round((new_h - size) / 2.0)
-    left = round((new_w - size) / 2.0)
-    return np.asarray(image.crop((left, top, left + size, top + size)))  # copies only the crop
+        top, left = round((padded.shape[0] - crop_h) / 2.0), round((padded.shape[1] - crop_w) / 2.0)
+        return np.ascontiguousarray(padded[top:top + crop_h, left:left + crop_w])
+    top = round((new_h - crop_h) / 2.0)
+    left = round((new_w - crop_w) / 2.0)
+    return np.asarray(image.crop((left, top, left + crop_w, top + crop_h)))  # copies only the crop
 
 
 def normalize(pixels: npt.NDArray[np.uint8], spec: ImageSpec) -> npt.NDArray[np.float32]:

@@ -14,7 +14,7 @@ from app.breaker import CircuitBreaker
 from app.capabilities import check_start
 from app.capture import Capture
 from app.description import Served, resolve
-from app.preprocess import configure_pillow
+from app.preprocess import configure_pillow, pair
 from app.readiness import SharedCheck
 from app.rollback import AutoRollback
 from app.routing import LEGACY, TRITON, Router
@@ -47,7 +47,7 @@ def triton_backend(settings: Settings, served: Served, *, max_batch_size: int | 
 
     description = served.description
     target = Target(url=settings.triton_host_port, model=description.name, version=settings.model_version,
-                    crop=served.spec.crop, classes=description.classes, parameters=description.parameters(),
+                    crop=pair(served.spec.crop), classes=description.classes, parameters=description.parameters(),
                     uint8_model=settings.uint8_model or description.uint8_model,
                     encoded_model=settings.encoded_model or description.encoded_model,
                     decode_parameters=description.decode_parameters(), encoded_refusal=description.encoded_refusal())

@@ -23,6 +23,7 @@ import importlib
 import io
 import os
 import sys
+import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,117 +35,247 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app.description import DescriptionError, ModelDescription, description_path, load  # noqa: E402
+from app.description import (  # noqa: E402
+    COLORS,
+    DescriptionError,
+    ModelDescription,
+    description_path,
+    load,
+    pair,
+    parse,
+)
 from app.errors import ShimError  # noqa: E402
 from app.preprocess import decode, to_tensor  # noqa: E402
 
 PASS, FAIL, USAGE = 0, 1, 2
-SUPPORTED = "Resize(int), CenterCrop, ToTensor and Normalize of torchvision.transforms (v1) on PIL images"
+SUPPORTED = ("Compose (v1 or v2, nested), torchvision's ImageClassification weight presets, Resize (int or (h, w)), "
+             "CenterCrop, ToTensor, PILToTensor / ToImage + ConvertImageDtype / ToDtype(float32, scale=True), "
+             "ToPureTensor and Normalize")
+FIELDS = ("resize", "interpolation", "max_size", "antialias", "resize_on", "crop", "to_float", "mean", "std")
 
 
 @dataclass
 class Implied:
     """What a transform does, in the description's terms; None where it has no such step."""
 
-    resize: int | None = None
+    resize: int | tuple[int, int] | None = None
     interpolation: str | None = None
     max_size: int | None = None
-    crop: int | None = None
+    antialias: bool | None = None
+    resize_on: str | None = None
+    crop: int | tuple[int, int] | None = None
+    to_float: str | None = None
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # no Normalize: (x - 0) / 1 is x, exactly
     std: tuple[float, ...] = (1.0, 1.0, 1.0)
     problems: list[str] = field(default_factory=list)  # steps the shim does not reproduce, each named
 
 
-def _steps(transform: Any) -> list[Any]:
-    from torchvision import transforms
+@dataclass(frozen=True)
+class Step:
+    """One step of a transform, in the check's terms: kind is resize, crop, to_tensor (PIL -> float, x / 255),
+    to_uint8 (PIL -> uint8 tensor), to_float (uint8 -> float, x / 255 or x * (1 / 255)), normalize, noop, or
+    opaque (what the shim cannot see into or does not reproduce: `why` says which)."""
 
-    if isinstance(transform, transforms.Compose):
-        return [step for inner in transform.transforms for step in _steps(inner)]
-    return [transform]
+    where: str
+    kind: str
+    values: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
 
 
 def _name(step: Any) -> str:
     cls = type(step)
     module = cls.__module__
     if module.startswith("torchvision.transforms.v2"):
-        return f"torchvision.transforms.v2.{cls.__name__}"
+        return f"transforms.v2.{cls.__name__}"
     if module.startswith("torchvision.transforms"):
         return f"transforms.{cls.__name__}"
     return f"{module}.{cls.__qualname__}"
 
 
-def read_transform(transform: Any) -> Implied:
-    """Each step of `transform` (a Compose is flattened) mapped to the description's fields, or named as a problem."""
-    from torchvision import transforms
+def _mode(mode: Any) -> str:
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms.functional import _interpolation_modes_from_int
 
+    mode = _interpolation_modes_from_int(mode) if isinstance(mode, int) else mode
+    return mode.value if isinstance(mode, InterpolationMode) else str(mode)
+
+
+def _size(size: Any) -> int | tuple[int, int]:
+    if isinstance(size, int):
+        return size
+    values = [int(v) for v in size]
+    return values[0] if len(values) == 1 else (values[0], values[1])
+
+
+def _is_float(dtype: Any) -> bool:
+    import torch
+
+    if isinstance(dtype, dict):  # v2's ToDtype({tv_tensors.Image: torch.float32, "others": None})
+        from torchvision import tv_tensors
+
+        dtype = dtype.get(tv_tensors.Image, dtype.get("others"))
+    return dtype == torch.float32
+
+
+def steps(transform: Any, prefix: str = "") -> list[Step]:
+    """`transform` flattened into Steps: Composes opened (v1 or v2, nested), a weight preset expanded into
+    what its forward does (F.resize, F.center_crop, F.pil_to_tensor, F.convert_image_dtype, F.normalize)."""
+    import torch
+    from torchvision import transforms as v1
+    from torchvision.transforms import _presets, v2
+
+    if isinstance(transform, (v1.Compose, v2.Compose)):
+        out: list[Step] = []
+        for index, inner in enumerate(transform.transforms, start=1):
+            out += steps(inner, f"{prefix}{index}." if prefix or len(transform.transforms) else "")
+        return out
+    where = f"step {prefix.rstrip('.') or '1'}, {_name(transform)}"
+    t = transform
+    if isinstance(t, _presets.ImageClassification):
+        return [Step(f"{where} (its resize)", "resize", {"resize": _size(t.resize_size), "max_size": None,
+                                                         "interpolation": _mode(t.interpolation),
+                                                         "antialias": t.antialias is not False}),
+                Step(f"{where} (its crop)", "crop", {"crop": _size(t.crop_size)}),
+                Step(f"{where} (pil_to_tensor)", "to_uint8"),
+                Step(f"{where} (convert_image_dtype)", "to_float", {"to_float": "divide"}),
+                Step(f"{where} (normalize)", "normalize", {"mean": tuple(t.mean), "std": tuple(t.std)})]
+    if isinstance(t, (v1.Resize, v2.Resize)):
+        return [Step(where, "resize", {"resize": _size(t.size), "interpolation": _mode(t.interpolation),
+                                       "max_size": t.max_size, "antialias": t.antialias is not False})]
+    if isinstance(t, (v1.CenterCrop, v2.CenterCrop)):
+        height, width = _size(t.size) if isinstance(_size(t.size), tuple) else (t.size, t.size)
+        return [Step(where, "crop", {"crop": height if height == width else (height, width)})]
+    if isinstance(t, (v1.ToTensor, v2.ToTensor)):
+        return [Step(where, "to_tensor", {"to_float": "divide"})]
+    if isinstance(t, (v1.PILToTensor, v2.PILToTensor, v2.ToImage)):
+        return [Step(where, "to_uint8")]
+    if isinstance(t, v1.ConvertImageDtype) and t.dtype == torch.float32:
+        return [Step(where, "to_float", {"to_float": "divide"})]  # F.convert_image_dtype: x / 255
+    if isinstance(t, v2.ConvertImageDtype) and t.dtype == torch.float32:
+        return [Step(where, "to_float", {"to_float": "multiply"})]  # F.to_dtype(scale=True): x * (1 / 255)
+    if isinstance(t, v2.ToDtype) and _is_float(t.dtype):
+        if not t.scale:
+            return [Step(where, "opaque", why="ToDtype without scale=True keeps the values 0..255; the shim's "
+                                              "tensor is scaled to [0, 1] (add scale=True, or keep this app)")]
+        return [Step(where, "to_float", {"to_float": "multiply"})]
+    if isinstance(t, v2.ToPureTensor):
+        return [Step(where, "noop")]
+    if isinstance(t, (v1.Normalize, v2.Normalize)):
+        return [Step(where, "normalize", {"mean": tuple(float(v) for v in t.mean),
+                                          "std": tuple(float(v) for v in t.std)})]
+    if isinstance(t, (v1.Lambda, v2.Lambda)):
+        function = getattr(t.lambd, "__name__", type(t.lambd).__name__)
+        return [Step(f"{where}({function})", "opaque", why="a function the shim cannot see into")]
+    kind = type(t).__name__
+    if type(t).__module__.startswith("torchvision.transforms"):
+        why = "the shim does not reproduce it" + (" (random: an augmentation, which a serving transform should not "
+                                                  "have)" if kind.startswith(("Random", "ColorJitter")) else "")
+        return [Step(where, "opaque", why=why)]
+    if isinstance(t, torch.nn.Module):
+        return [Step(where, "opaque", why=f"a module ({type(t).__qualname__}) the shim cannot see into")]
+    what = getattr(t, "__name__", type(t).__qualname__)
+    return [Step(f"step {prefix.rstrip('.') or '1'}, {getattr(t, '__module__', '?')}.{what}", "opaque",
+                 why="a function the shim cannot see into")]
+
+
+def read_transform(transform: Any) -> Implied:
+    """Each step of `transform` mapped to the description's fields, or named as a problem. Where the image is
+    (a PIL image, a uint8 tensor, a float tensor) decides what a Resize means (resize_on) and what may follow."""
     implied = Implied()
-    order = ["Resize", "CenterCrop", "ToTensor", "Normalize"]
-    seen: list[str] = []
-    for index, step in enumerate(_steps(transform), start=1):
-        where = f"step {index}, {_name(step)}"
-        kind = type(step).__name__ if type(step).__module__.startswith("torchvision.transforms.transforms") else None
-        if isinstance(step, transforms.Lambda):
-            implied.problems.append(f"{where}({getattr(step.lambd, '__name__', 'a function')}): a function the shim "
-                                    "cannot see into; it reproduces only " + SUPPORTED)
+    stage, seen = "pil", []
+    for step in steps(transform):
+        v = step.values
+        if step.kind == "opaque":
+            implied.problems.append(f"{step.where}: {step.why}")
             continue
-        if kind not in order:
-            implied.problems.append(f"{where}: the shim does not reproduce it (it reproduces {SUPPORTED}); "
-                                    + ("random: an augmentation, which a serving transform should not have"
-                                       if kind and kind.startswith(("Random", "ColorJitter")) else
-                                       "transforms v2 rounds differently from v1 on PIL images"
-                                       if _name(step).startswith("torchvision.transforms.v2") else
-                                       "remove it from the serving transform, or keep this app"))
+        if step.kind in seen and step.kind in ("resize", "crop", "normalize"):
+            implied.problems.append(f"{step.where}: a second {step.kind}; the shim runs each step once")
             continue
-        if kind in seen:
-            implied.problems.append(f"{where}: a second {kind}; the shim runs each step once")
-            continue
-        if seen and order.index(kind) < order.index(seen[-1]):
-            implied.problems.append(f"{where}: after {seen[-1]}; the shim runs " + " -> ".join(order))
-        seen.append(kind)
-        if kind == "Resize":
-            size = step.size
-            if isinstance(size, (list, tuple)) and len(size) == 2:
-                implied.problems.append(f"{where}({tuple(size)}): a resize to a fixed (height, width); the shim "
-                                        "resizes the short side, Resize(int)")
-                continue
-            implied.resize = int(size[0] if isinstance(size, (list, tuple)) else size)
-            mode = step.interpolation
-            mode = _interpolation_modes_from_int(mode) if isinstance(mode, int) else mode
-            implied.interpolation = mode.value if isinstance(mode, InterpolationMode) else str(mode)
-            implied.max_size = step.max_size
-        elif kind == "CenterCrop":
-            height, width = step.size
-            if height != width:
-                implied.problems.append(f"{where}({(height, width)}): not square; the shim's input is [3, crop, crop]")
-                continue
-            implied.crop = int(height)
-        elif kind == "Normalize":
-            implied.mean, implied.std = tuple(float(v) for v in step.mean), tuple(float(v) for v in step.std)
+        if step.kind == "resize":
+            if "crop" in seen:
+                implied.problems.append(f"{step.where}: after CenterCrop; the shim resizes, then crops")
+            if stage == "float":
+                implied.problems.append(f"{step.where}: resizes the float tensor (after ToTensor / ToDtype); the "
+                                        "shim resizes the image's uint8 pixels: move Resize before the conversion")
+            resize_on = "pil" if stage == "pil" else "tensor"
+            if resize_on == "tensor" and not v["antialias"]:
+                implied.problems.append(f"{step.where}: antialias=False on a tensor: torch's resize without "
+                                        "antialiasing is not reproduced; use antialias=True (v2's default) or "
+                                        "resize the PIL image")
+            if resize_on == "tensor" and v["interpolation"] not in ("bilinear", "bicubic"):
+                implied.problems.append(f"{step.where}: {v['interpolation']} on a tensor is not reproduced (on a "
+                                        "tensor: bilinear or bicubic); resize the PIL image instead")
+            implied.resize, implied.interpolation, implied.max_size = v["resize"], v["interpolation"], v["max_size"]
+            # antialias does not apply to PIL images (Pillow always filters): only a tensor resize states it
+            implied.antialias, implied.resize_on = (v["antialias"] if resize_on == "tensor" else None), resize_on
+        elif step.kind == "crop":
+            if "resize" not in seen:
+                implied.problems.append(f"{step.where}: before any Resize; the shim resizes, then crops")
+            implied.crop = v["crop"]
+        elif step.kind in ("to_tensor", "to_uint8"):
+            if stage != "pil":
+                implied.problems.append(f"{step.where}: the image is a tensor already")
+            stage = "float" if step.kind == "to_tensor" else "uint8"
+            implied.to_float = v.get("to_float", implied.to_float)
+        elif step.kind == "to_float":
+            if stage == "pil":
+                implied.problems.append(f"{step.where}: on a PIL image it does nothing; put ToImage (or "
+                                        "PILToTensor) before it")
+            elif stage == "uint8":
+                stage, implied.to_float = "float", v["to_float"]
+        elif step.kind == "normalize":
+            if stage != "float":
+                implied.problems.append(f"{step.where}: before the image is a float tensor")
+            implied.mean, implied.std = v["mean"], v["std"]
             if len(implied.mean) != 3 or len(implied.std) != 3:
-                implied.problems.append(f"{where}: mean/std of {len(implied.mean)} values; the shim takes one per "
-                                        "channel (3)")
-    for needed in ("Resize", "CenterCrop", "ToTensor"):
-        if needed not in seen:
-            implied.problems.append(f"no {needed} step: the shim runs " + " -> ".join(order))
+                implied.problems.append(f"{step.where}: mean/std of {len(implied.mean)} values; the shim takes one "
+                                        "per channel (3)")
+        seen.append(step.kind)
+    if "resize" not in seen:
+        implied.problems.append("no Resize step: the shim resizes every image first (Resize(int) or Resize((h, w)))")
+    if "crop" not in seen:
+        if isinstance(implied.resize, tuple):
+            implied.crop = implied.resize  # Resize((h, w)) alone: the model input is (h, w)
+        elif "resize" in seen:
+            implied.problems.append("no CenterCrop after Resize(int): the tensor's size would follow each image's "
+                                    "aspect ratio, and Triton's input has fixed dims; add CenterCrop, or resize "
+                                    "to a fixed (height, width)")
+    if any(step.kind == "opaque" for step in steps(transform)):
+        implied.problems.append(f"the shim reproduces {SUPPORTED}")
+    if stage != "float":
+        implied.problems.append("the transform does not end in a float tensor (ToTensor, or ToImage + "
+                                "ToDtype(torch.float32, scale=True))")
     return implied
 
 
-def differences(implied: Implied, description: ModelDescription) -> list[str]:
-    """Where the transform's values and the description's disagree, each with the field to change."""
-    rows = [("resize", "Resize's size", implied.resize, description.resize),
-            ("interpolation", "Resize's interpolation", implied.interpolation, description.interpolation),
-            ("max_size", "Resize's max_size", implied.max_size or 0, description.max_size or 0),
-            ("crop", "CenterCrop's size", implied.crop, description.crop),
-            ("mean", "Normalize's mean", list(implied.mean), list(description.mean)),
-            ("std", "Normalize's std", list(implied.std), list(description.std))]
-    return [f"{what}: the legacy transform has {theirs!r}, {description.path} has {ours!r}: set [preprocess] "
-            f"{key} = {_toml(theirs)}" for key, what, theirs, ours in rows if theirs is not None and theirs != ours]
+def differences(implied: Implied, description: ModelDescription) -> dict[str, Any]:
+    """The description's fields whose values differ from the transform's: {field: the transform's value}."""
+    theirs = {"resize": implied.resize, "interpolation": implied.interpolation, "max_size": implied.max_size,
+              "antialias": implied.antialias, "resize_on": implied.resize_on, "crop": implied.crop,
+              "to_float": implied.to_float, "mean": tuple(implied.mean), "std": tuple(implied.std)}
+    out: dict[str, Any] = {}
+    for key, value in theirs.items():
+        ours = getattr(description, key)
+        if key == "max_size":
+            value = value or None
+        if value is None and key != "max_size":
+            continue
+        if value == ours or (key == "crop" and pair(value) == pair(ours)):  # CenterCrop(224) is (224, 224)
+            continue
+        out[key] = value
+    return out
 
 
 def _toml(value: object) -> str:
-    return f'"{value}"' if isinstance(value, str) else repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if value is None:
+        return "0"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(repr(v) for v in value) + "]"
+    return repr(value)
 
 
 @dataclass
@@ -157,17 +288,25 @@ class Compared:
 @dataclass
 class Result:
     implied: Implied
-    differences: list[str]
+    differences: dict[str, Any]
     images: list[Compared]
+    tolerance: float = 0.0
+    description: str = "the description"
+    advice: list[str] = field(default_factory=list)  # field settings verified to make the check pass
+    no_advice: str = ""  # why there is none, when it fails
 
     @property
     def compared(self) -> list[Compared]:
         return [c for c in self.images if c.max_diff is not None]
 
     @property
+    def worst(self) -> float:
+        return max((c.max_diff or 0.0 for c in self.compared), default=0.0)
+
+    @property
     def passed(self) -> bool:
         return (not self.implied.problems and not self.differences and bool(self.compared)
-                and all(c.max_diff == 0 for c in self.compared))
+                and len(self.compared) == len(self.images) and self.worst <= self.tolerance)
 
     def lines(self) -> list[str]:
         out = []
@@ -175,32 +314,44 @@ class Result:
             if c.max_diff is None:
                 out.append(f"  {c.name}: not compared ({c.note})")
             else:
-                verdict = "bit-exact" if c.max_diff == 0 else "DIFFERS"
+                verdict = ("bit-exact" if c.max_diff == 0 else "within tolerance" if c.max_diff <= self.tolerance
+                           else "DIFFERS")
                 out.append(f"  {c.name}: max |legacy - shim| = {c.max_diff:.3g} ({verdict}){c.note}")
         if self.passed:
-            out.append(f"PASS: {len(self.compared)} images, every tensor bit-exact (max difference 0)")
+            if self.worst == 0:
+                out.append(f"PASS: {len(self.compared)} images, every tensor bit-exact (max difference 0)")
+            else:
+                out.append(f"PASS: {len(self.compared)} images, max difference {self.worst:.3g} <= the tolerance "
+                           f"{self.tolerance:.3g} (one pixel level: v2 resizes the tensor with torch, the shim with "
+                           "Pillow)")
             return out
         out.append("FAIL:")
         out += [f"  - {problem}" for problem in self.implied.problems]
-        out += [f"  - {difference}" for difference in self.differences]
-        differing = [c for c in self.compared if c.max_diff]
+        out += [f"  - {key}: the legacy transform has {_toml(value)}, {self.description} has a different value"
+                for key, value in self.differences.items()]
+        differing = [c for c in self.compared if (c.max_diff or 0.0) > self.tolerance]
         if differing:
             worst = max(differing, key=lambda c: c.max_diff or 0.0)
             out.append(f"  - {len(differing)} of {len(self.compared)} images differ (the largest: {worst.name}, "
-                       f"{worst.max_diff:.3g})" + ("" if self.implied.problems or self.differences else
-                                                   ": the transform's steps match the description, so the "
-                                                   "difference is in how the image was opened (color)"))
+                       f"{worst.max_diff:.3g})")
+        refused = [c for c in self.images if c.max_diff is None]
+        if refused:
+            out.append(f"  - {len(refused)} image(s) not compared")
         if not self.compared:
             out.append("  - no image could be compared")
+        if self.advice:
+            out.append("advice (verified: the check was run again with it and passes on these images):")
+            out += [f"  set [preprocess] {line}" for line in self.advice]
+        else:
+            out.append(f"no advice: {self.no_advice}")
         return out
 
 
-def check(transform: Callable[[Any], Any], description: ModelDescription,
-          images: Iterable[tuple[str, bytes]], *, max_pixels: int = 40_000_000) -> Result:
-    """The transform read step by step, then every image both ways: the legacy tensor against the shim's."""
+def compare(transform: Callable[[Any], Any], description: ModelDescription,
+            images: list[tuple[str, bytes]], *, max_pixels: int = 40_000_000) -> list[Compared]:
+    """Every image both ways: the legacy tensor against the shim's, through `description`."""
     from PIL import Image
 
-    implied = read_transform(transform)
     spec = description.spec(max_pixels)
     compared = []
     for name, data in images:
@@ -210,15 +361,71 @@ def check(transform: Callable[[Any], Any], description: ModelDescription,
             compared.append(Compared(name, note=f"the shim refuses it: {e.code}: {e.message}"))
             continue
         opened = Image.open(io.BytesIO(data))
-        theirs = np.asarray(transform(opened.convert("RGB") if description.color == "convert" else
-                                      _shim_rgb(opened, spec)))
+        try:
+            out = transform(opened.convert("RGB") if description.color == "convert" else _shim_rgb(opened, spec))
+        except Exception as e:  # the team's transform: whatever it raises on this image, say so for the image
+            compared.append(Compared(name, note=f"the legacy transform raised {type(e).__name__}: {e}"))
+            continue
+        theirs = np.asarray(out.detach().cpu().numpy() if hasattr(out, "detach") else out)
         if theirs.shape != ours.shape:
             compared.append(Compared(name, note=f"the legacy tensor is {list(theirs.shape)}, the shim's "
                                                 f"{list(ours.shape)}"))
             continue
         diff = float(np.abs(theirs.astype(np.float64) - ours.astype(np.float64)).max())
         compared.append(Compared(name, diff, "" if theirs.dtype == np.float32 else f"; legacy dtype {theirs.dtype}"))
-    return Result(implied, differences(implied, description), compared)
+    return compared
+
+
+def _passes(transform: Callable[[Any], Any], description: ModelDescription, images: list[tuple[str, bytes]],
+            max_pixels: int) -> bool:
+    compared = compare(transform, description, images, max_pixels=max_pixels)
+    return all(c.max_diff is not None and c.max_diff <= description.tolerance for c in compared)
+
+
+def _with(description: ModelDescription, changes: dict[str, Any]) -> ModelDescription | str:
+    """The description with `changes` written into its [preprocess] as a user would, read back through the same
+    validation (parse): the changed description, or why it would be refused."""
+    raw = tomllib.loads(description.path.read_text()) if description.path.is_file() else {"name": description.name}
+    pre = dict(raw.get("preprocess", {}))
+    for key, value in changes.items():
+        pre[key] = (0 if value is None else list(value) if isinstance(value, tuple) else value)
+    try:
+        return parse({**raw, "preprocess": pre}, description.path)
+    except DescriptionError as e:
+        return str(e)
+
+
+def check(transform: Callable[[Any], Any], description: ModelDescription,
+          images: Iterable[tuple[str, bytes]], *, max_pixels: int = 40_000_000) -> Result:
+    """The transform read step by step, then every image both ways; when it fails, advice only where the check,
+    run again with it, passes."""
+    images = list(images)
+    implied = read_transform(transform)
+    diffs = differences(implied, description)
+    result = Result(implied, diffs, compare(transform, description, images, max_pixels=max_pixels),
+                    tolerance=description.tolerance, description=str(description.path))
+    if result.passed:
+        return result
+    if implied.problems:
+        result.no_advice = ("the transform has steps the shim does not reproduce (above); no [preprocess] value "
+                            "makes it pass")
+        return result
+    candidates = [diffs] if diffs else []
+    if not diffs:  # the steps agree: the one field left is how a non-RGB image becomes RGB
+        candidates = [{"color": other} for other in COLORS if other != description.color]
+    for changes in candidates:
+        candidate = _with(description, changes)
+        if isinstance(candidate, str):
+            result.no_advice = f"the transform's values are not a valid description: {candidate}"
+            continue
+        if _passes(transform, candidate, images, max_pixels):
+            result.advice = [f"{key} = {_toml(value)}" for key, value in changes.items()]
+            return result
+    result.no_advice = result.no_advice or ("no value of the description's fields was found that makes every "
+                                            "image agree (tried: " + "; ".join(
+                                                ", ".join(f"{k} = {_toml(v)}" for k, v in c.items())
+                                                for c in candidates) + ")")
+    return result
 
 
 def _shim_rgb(image: Any, spec: Any) -> Any:

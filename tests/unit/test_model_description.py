@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,7 +79,8 @@ def test_the_defaults_are_todays_resnet50() -> None:
 def test_the_example_descriptions_are_valid_and_differ_from_resnet50(path: Path) -> None:
     d = load(path)
     assert d.name == path.parent.name
-    assert (d.resize, d.interpolation, d.mean, d.classes) != (256, "bilinear", (0.485, 0.456, 0.406), 1000)
+    assert (d.resize, d.interpolation, d.mean, d.classes, d.resize_on) != (256, "bilinear", (0.485, 0.456, 0.406),
+                                                                         1000, "pil")
     files = model_repo.generated_files(d)
     config = files[Path(d.name, "config.pbtxt")]
     assert f"dims: [ {d.classes} ]" in config and f'name: "{d.name}"' in config
@@ -214,10 +218,17 @@ def export(argv: list[str]) -> str:
 
 
 def test_a_torchscript_file_is_checked_by_running_it_once(tmp_path: Path) -> None:
-    tiny_torchscript(tmp_path / "tiny.pt", 32, 4)
-    labels = "[output]\nclasses = 4\ntop_k = 2\nlabels_from = \"../labels.txt\"\n"
-    (tmp_path / "labels.txt").write_text("a\nb\nc\nd\n")
-    good = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n[preprocess]\nresize = 36\ncrop = 32\n' + labels)
+    tiny = tiny_torchscript(tmp_path / "tiny.pt", 32, 4)
+
+    def model(text: str, name: str = "mymodel") -> Path:
+        path = write(tmp_path, '[model]\ntorchscript = "tiny.pt"\n' + text, name=name)
+        shutil.copy(tiny, path.parent / "tiny.pt")
+        (path.parent / "labels.txt").write_text("a\nb\nc\nd\n")
+        (path.parent / "ten.txt").write_text("".join(f"c{i}\n" for i in range(10)))
+        return path
+
+    labels = "[output]\nclasses = 4\ntop_k = 2\nlabels_from = \"labels.txt\"\n"
+    good = model('[preprocess]\nresize = 36\ncrop = 32\n' + labels)
     repo = tmp_path / "repo"
     printed = export([str(good), "--repo", str(repo)])
     assert "wrote" in printed and (repo / "mymodel" / "1" / "model.pt").is_file()
@@ -225,21 +236,42 @@ def test_a_torchscript_file_is_checked_by_running_it_once(tmp_path: Path) -> Non
     assert (repo / "mymodel" / "model.toml").read_text() == good.read_text()
     assert model_repo.stale(load(repo / "mymodel" / "model.toml"), repo) == []
 
-    wrong_dims = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n' + labels, name="wrongdims")
+    wrong_dims = model(labels, name="wrongdims")
     with pytest.raises(SystemExit, match=r"does not take FP32 \[1, 3, 224, 224\], the input .*wrongdims/model.toml "
                                          r"implies \(\[preprocess\] crop = 224\).*Set crop to the size the model "):
         export([str(wrong_dims), "--repo", str(repo)])
-    wrong_classes = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n[preprocess]\nresize = 36\ncrop = 32\n'
+    wrong_classes = model('[preprocess]\nresize = 36\ncrop = 32\n'
                           '[output]\nclasses = 10\nlabels_from = "imagenet"\n', name="wrongclasses")
     with pytest.raises(SystemExit, match=r"has 1000 labels, but .*says \[output\] classes = 10"):
         export([str(wrong_classes), "--repo", str(repo)])
-    (tmp_path / "ten.txt").write_text("".join(f"c{i}\n" for i in range(10)))
-    wrong_output = write(tmp_path, '[model]\ntorchscript = "../tiny.pt"\n[preprocess]\nresize = 36\ncrop = 32\n'
-                         '[output]\nclasses = 10\nlabels_from = "../ten.txt"\n', name="wrongoutput")
+    wrong_output = model('[preprocess]\nresize = 36\ncrop = 32\n'
+                         '[output]\nclasses = 10\nlabels_from = "ten.txt"\n', name="wrongoutput")
     with pytest.raises(SystemExit, match=r"answers \[1, 4\] for an input \[1, 3, 32, 32\]; .*says \[output\] "
                                          r"classes = 10: set classes to the model's output size"):
         export([str(wrong_output), "--repo", str(repo)])
     assert not any((repo / n).exists() for n in ("wrongdims", "wrongclasses", "wrongoutput")), "nothing written"
+
+
+@pytest.mark.parametrize(("section", "field", "value"), [
+    ("output", "labels", "../../etc/passwd"), ("output", "labels", "/etc/passwd"),
+    ("output", "labels", 'l.txt" } parameters { key: "x'), ("output", "labels", "a\nb.txt"),
+    ("output", "labels_from", "../x.txt"), ("output", "labels_from", "/etc/hosts"),
+    ("model", "weights", "../w.pth"), ("model", "weights", "/w.pth")])
+def test_a_path_that_leaves_the_folder_or_carries_quotes_stops_with_one_line_naming_the_field(
+        tmp_path: Path, section: str, field: str, value: str) -> None:
+    model = '[model]\ntorchvision = "resnet18"\n' + (f'{field} = {json.dumps(value)}\n' if section == "model" else "")
+    out = f'[output]\n{field} = {json.dumps(value)}\n' if section == "output" else ""
+    path = write(tmp_path, model + out)
+    with pytest.raises(DescriptionError, match=rf"\[{section}\] {field} = .* is not valid: expected .*inside the "
+                                               "description's folder") as e:
+        load(path)
+    assert "\n" not in str(e.value)
+
+
+def test_a_torchscript_path_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    for value in ("../m.pt", "/m.pt", "a/../../m.pt"):
+        with pytest.raises(DescriptionError, match=r"\[model\] torchscript = .* inside the description's folder"):
+            load(write(tmp_path, f'[model]\ntorchscript = "{value}"\n'))
 
 
 def test_37_labels_for_a_1000_class_output_stop_the_export(tmp_path: Path) -> None:
@@ -267,3 +299,27 @@ def test_parse_accepts_an_in_memory_table() -> None:
     d = parse({"name": "x", "model": {"torchvision": "resnet18"}, "preprocess": {"max_size": 300}},
               Path("/repo/x/model.toml"))
     assert d.max_size == 300 and d.parameters()["max_size"] == "300"
+
+
+def test_the_forms_fields_read_and_their_wrong_values_name_the_field(tmp_path: Path) -> None:
+    def pre(text: str) -> Any:
+        return load(write(tmp_path, '[model]\ntorchvision = "resnet18"\n[preprocess]\n' + text))
+
+    squash = pre("resize = [224, 224]\n")
+    assert (squash.resize, squash.crop, squash.input_shape) == ((224, 224), (224, 224), (3, 224, 224))
+    wide = pre("resize = [256, 320]\ncrop = [224, 288]\n")
+    assert wide.input_shape == (3, 224, 288) and wide.parameters()["crop"] == "224,288"
+    v2 = pre('resize_on = "tensor"\nto_float = "multiply"\n')
+    assert v2.tolerance > 0 and pre("").tolerance == 0
+    assert v2.spec().to_float == "multiply" and v2.parameters()["resize_on"] == "tensor"
+    refused = {'resize_on = "tensor"\nantialias = false\n': r"\[preprocess\] antialias = False is not valid",
+               'resize_on = "tensor"\ninterpolation = "nearest"\n': r"interpolation = 'nearest' .*resize_on",
+               'resize_on = "gpu"\n': r"resize_on = 'gpu' is not valid: expected pil .* \| tensor",
+               'to_float = "round"\n': r"to_float = 'round' is not valid: expected divide",
+               "resize = [224, 224]\nmax_size = 300\n": r"max_size = 300 .*fixed-size resize",
+               "resize = [256, 320]\ncrop = [224, 330]\n": r"crop = \(224, 330\) .*at most resize",
+               "resize = [256]\n": r"resize = \[256\] is not valid: expected a whole number .* or \[height, width\]",
+               "antialias = 1\n": r"antialias = 1 is not valid: expected true or false"}
+    for text, says in refused.items():
+        with pytest.raises(DescriptionError, match=says):
+            pre(text)

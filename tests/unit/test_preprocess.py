@@ -98,3 +98,41 @@ def test_white_composites_transparency_on_white_and_convert_drops_it() -> None:
 def test_an_unknown_interpolation_is_refused_when_the_spec_is_built() -> None:
     with pytest.raises(ValueError, match="interpolation 'bicubical'"):
         ImageSpec(interpolation="bicubical")
+
+
+@pytest.mark.parametrize("to_float", ["divide", "multiply"])
+def test_the_table_and_the_uint8_step_are_totensor_or_v2s_todtype_for_every_pixel_value(to_float: str) -> None:
+    """divide: ToTensor's x / 255; multiply: v2's ToDtype(float32, scale=True), x * (1 / 255), whose last bit differs
+    for some values. The shim's lookup table and the uint8 transport's normalize step (modelrepo/export.py) give
+    exactly what the legacy transform gives, for all 256 values."""
+    import torch
+    from torchvision.transforms import functional as v1
+    from torchvision.transforms.v2 import functional as f2
+
+    from modelrepo.export import build_normalize
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    spec = ImageSpec(mean=mean, std=std, to_float=to_float)
+    values = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(3, 1, 256).contiguous()
+    floats = values.to(torch.float32).div(255) if to_float == "divide" else f2.to_dtype(values, torch.float32,
+                                                                                       scale=True)
+    want = v1.normalize(floats, list(mean), list(std))[:, 0, :].numpy()
+    np.testing.assert_array_equal(spec.table, want)
+    step = build_normalize(mean, std, to_float)(values.permute(1, 2, 0).unsqueeze(0))[0, :, 0, :]
+    np.testing.assert_array_equal(step.numpy(), want)
+    other = ImageSpec(mean=mean, std=std, to_float="multiply" if to_float == "divide" else "divide")
+    assert not np.array_equal(other.table, want)  # the choice matters: some values differ in the last bit
+
+
+def test_a_fixed_size_resize_and_a_non_square_crop_are_torchvisions() -> None:
+    from torchvision import transforms
+
+    for resize, crop_size in (((224, 224), (224, 224)), ((256, 320), (224, 288)), (256, (224, 160))):
+        spec = ImageSpec(resize=resize, crop=crop_size)
+        legacy = transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop_size),
+                                     transforms.ToTensor(), transforms.Normalize(spec.mean, spec.std)])
+        for width, height in ((640, 480), (200, 500), (1, 1), (320, 256)):
+            image = Image.fromarray(photo(width, height, seed=width))
+            got = to_tensor(image, spec)
+            assert got.shape == spec.shape == (3, *((crop_size,) * 2 if isinstance(crop_size, int) else crop_size))
+            np.testing.assert_array_equal(got, legacy(image).numpy(), err_msg=str((resize, crop_size, width, height)))

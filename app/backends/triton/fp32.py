@@ -30,7 +30,7 @@ class Fp32Transport(Transport):
         return self.target.version
 
     def image_shape(self) -> tuple[int, int, int]:
-        return (3, self.target.crop, self.target.crop)
+        return (3, *self.target.crop)
 
     def describe(self) -> str:
         return f"FP32 tensors {list(self.image_shape())} per image to {self.model}"

@@ -35,7 +35,7 @@ class Target:
     url: str
     model: str
     version: str  # SHIM_MODEL_VERSION: the classifier's version pin, "" for the served one
-    crop: int
+    crop: tuple[int, int]  # the model input's (height, width)
     classes: int
     parameters: Mapping[str, str] = field(default_factory=dict)  # the description's preprocessing, as configs carry it
     uint8_model: str = ""

@@ -25,7 +25,7 @@ class Uint8Transport(Fp32Transport):
         return ""  # the ensemble's own; SHIM_MODEL_VERSION is the classifier's, held by the ensemble's step
 
     def image_shape(self) -> tuple[int, int, int]:
-        return (self.target.crop, self.target.crop, 3)
+        return (*self.target.crop, 3)
 
     def describe(self) -> str:
         return f"UINT8 pixels {list(self.image_shape())} per image to {self.model}, which normalises them"
