@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench import corpus, reference_model
+from report.percentiles import percentile
 
 if TYPE_CHECKING:
     from app.description import ModelDescription
@@ -186,7 +187,7 @@ def summarize(rows: Sequence[Row], **extra: float) -> dict[str, Any]:
                 "max_levels": max(r.max_levels for r in subset), "mean_levels": float(np.mean([r.mean_levels
                                                                                                for r in subset])),
                 "max_score_diff": max(r.score_diff for r in subset),
-                "p99_score_diff": float(np.percentile([r.score_diff for r in subset], 99))}
+                "p99_score_diff": percentile([r.score_diff for r in subset], 99)}
 
     forwarded = [r for r in rows if r.path == "triton"]
     summary: dict[str, Any] = {"all": figures(rows), "forwarded": figures(forwarded) if forwarded else None,
