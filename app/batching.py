@@ -37,6 +37,7 @@ from app.errors import BackendError, BackendTimeout, BackendUnavailable
 from app.preprocess import Prepared
 
 log = logging.getLogger(__name__)
+TRITON_SENDERS = 2  # Triton requests in flight at once per worker: one batch is sent while the next collects
 
 
 class Upstream:

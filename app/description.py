@@ -148,13 +148,12 @@ class ModelDescription:
     def model_file(self, version: int | str = 1) -> Path:
         return self.folder / str(version) / "model.pt"
 
-    def spec(self, max_pixels: int = 40_000_000) -> ImageSpec:
+    def spec(self) -> ImageSpec:
         """The shim's preprocessing for this model (app/preprocess.py), built once."""
         from app.preprocess import ImageSpec
 
         return ImageSpec(resize=self.resize, crop=self.crop, mean=self.mean, std=self.std,
-                         interpolation=self.interpolation, max_size=self.max_size, color=self.color,
-                         max_pixels=max_pixels)
+                         interpolation=self.interpolation, max_size=self.max_size, color=self.color)
 
     def parameters(self) -> dict[str, str]:
         """What the generated config.pbtxt carries as `parameters` (Triton serves them back as the model's config),
@@ -358,18 +357,13 @@ class Served:
 
 
 def resolve(settings: Settings) -> Served:
-    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME with SHIM_LABELS_PATH, SHIM_LEGACY_MODEL_PATH and
-    SHIM_TOP_K applied; DescriptionError (a SettingsError) when anything does not fit."""
+    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME, its labels read; DescriptionError (a
+    SettingsError) when anything does not fit."""
     description = load(settings.description_path)
-    labels_path = settings.labels_path or description.labels
-    labels = read_labels(labels_path)
-    check_labels(description, labels, labels_path)
-    k = settings.top_k or description.top_k
-    if k > description.classes:
-        raise DescriptionError(f"SHIM_TOP_K={k} is not valid: {description.path} has {description.classes} classes")
-    return Served(description=description, spec=description.spec(settings.max_image_pixels), labels=labels,
-                  labels_path=labels_path, legacy_model_path=settings.legacy_model_path or description.model_file(),
-                  top_k=k)
+    labels = read_labels(description.labels)
+    check_labels(description, labels, description.labels)
+    return Served(description=description, spec=description.spec(), labels=labels, labels_path=description.labels,
+                  legacy_model_path=description.model_file(), top_k=description.top_k)
 
 
 def read_labels(path: Path) -> tuple[str, ...]:
@@ -377,7 +371,7 @@ def read_labels(path: Path) -> tuple[str, ...]:
         labels = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
     except OSError as e:
         raise DescriptionError(f"labels file {path} cannot be read ({e.strerror}); run `make export` (or "
-                               "modelrepo/export.py for your model), or set SHIM_LABELS_PATH") from None
+                               "modelrepo/export.py for your model), or fix [labels] in its model.toml") from None
     if not labels:
         raise DescriptionError(f"labels file {path} is empty: one class name per line, in output order")
     return labels

@@ -8,12 +8,9 @@ translates them into the contract's error body at the edge, and nowhere else.
     │   ├── InvalidImage (invalid_image)   not a decodable image
     │   │   └── DecodeRefused              Triton's decoder refused a forwarded upload (the shim decodes it itself)
     │   ├── BrokenBody (invalid_body)      a truncated body or broken chunked encoding
-    │   └── InvalidTraffic (invalid_traffic)  a traffic update the admin API or flag file refuses
-    ├── Unauthorized (401)                 admin API without a bearer token
-    ├── Forbidden (403)                    admin API with a wrong token, or switched off
+    │   └── InvalidTraffic (invalid_traffic)  a traffic change shim-traffic or the flag file refuses
     ├── FlagNotWritable (409)              the flag file is read-only here (a ConfigMap), or there is none
     ├── LegacyUnavailable (409)            a mode that needs the legacy backend, which this image lacks
-    ├── PreconditionFailed (412)           If-Match names a traffic state that is no longer the latest
     ├── TooLarge (413 too_large)           upload bytes, form parts or image pixels over the limits
     ├── Overloaded (503 overloaded)        this worker's /predict queue is full; comes with Retry-After
     └── BackendError (502 backend_error)   a backend failed to answer; names the backend
@@ -87,21 +84,6 @@ class InvalidTraffic(InvalidRequest):
     default_message = "the traffic update is not valid"
 
 
-class Unauthorized(ShimError):
-    status = 401
-    code = "unauthorized"
-    default_message = "this endpoint needs 'Authorization: Bearer <SHIM_ADMIN_TOKEN>'"
-
-    def headers(self) -> dict[str, str]:
-        return {"WWW-Authenticate": 'Bearer realm="flask-triton-shim admin"'}
-
-
-class Forbidden(ShimError):
-    status = 403
-    code = "forbidden"
-    default_message = "the token is not valid"
-
-
 class FlagNotWritable(ShimError):
     status = 409
     code = "flag_not_writable"
@@ -112,12 +94,6 @@ class LegacyUnavailable(ShimError):
     status = 409
     code = "legacy_unavailable"
     default_message = "this mode needs the legacy backend, which this image lacks"
-
-
-class PreconditionFailed(ShimError):
-    status = 412
-    code = "precondition_failed"
-    default_message = "the traffic state changed since it was read"
 
 
 class TooLarge(ShimError):

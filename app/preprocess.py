@@ -23,6 +23,7 @@ from PIL import Image, UnidentifiedImageError
 
 from app.errors import EmptyImage, InvalidImage, TooLarge
 
+MAX_IMAGE_PIXELS = 40_000_000  # larger uploads are refused before they are decoded (decompression bombs)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # torchvision's InterpolationMode values -> the Pillow filter its PIL path uses (app/description.py lists them).
@@ -40,7 +41,7 @@ class ImageSpec:
     interpolation: str = "bilinear"  # a torchvision InterpolationMode value
     max_size: int | None = None  # Resize(max_size=...): the longest the long side may become
     color: str = "convert"  # how a non-RGB upload becomes RGB: "convert" (Image.convert) or "white" (alpha on white)
-    max_pixels: int = 40_000_000  # refused before decoding (decompression bombs)
+    max_pixels: int = MAX_IMAGE_PIXELS
     # ToTensor + Normalize for every uint8 value, per channel: shape (3, 256).
     table: npt.NDArray[np.float32] = field(init=False, repr=False, compare=False)
 

@@ -13,7 +13,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -38,13 +37,6 @@ class Answer:
     predictions: list[Prediction]
     backend: str  # which backend answered
     fallback_reason: str | None = None  # why legacy answered a request routed to Triton
-
-
-def load_labels(path: Path) -> tuple[str, ...]:
-    """The labels file, one class name per line (app.description.read_labels; kept for the report's callers)."""
-    from app.description import read_labels
-
-    return read_labels(path)
 
 
 def top_k(logits: npt.NDArray[np.float32], labels: tuple[str, ...], k: int,

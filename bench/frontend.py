@@ -139,7 +139,7 @@ def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers
     from devstack import launch
 
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
-           "SHIM_LABELS_PATH": str(labels), **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
+           **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
     print(f"starting the shim (SHIM_TRANSPORT={transport}, {workers} workers x {threads} threads) ...", flush=True)
     served = launch.start_shim(out / "logs", env)
     try:

@@ -40,9 +40,10 @@ import numpy.typing as npt
 
 from app.backends.base import ENCODED
 from app.contract import IMAGE_FIELD, Prediction
-from app.description import resolve
+from app.description import check_labels, read_labels, resolve
 from app.errors import DecodeRefused, ShimError
 from app.preprocess import ImageSpec, Prepared, decode, prepare
+from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
 from app.scores import SCORE_FUNCTIONS, softmax
 from app.service import top_k
 from app.settings import Settings, SettingsError
@@ -187,38 +188,45 @@ def _replay_one(source: Source, index: int, name: str, path: Path) -> Outcome:
 class InProcess:
     """The shim's own backends, built from its settings (SHIM_*), in this process."""
 
-    def __init__(self, settings: Settings, *, k: int | None = None, legacy_load_timeout_s: float = 300) -> None:
+    def __init__(self, settings: Settings, *, k: int | None = None, legacy_model: Path | None = None,
+                 labels: Path | None = None, legacy_load_timeout_s: float = 300) -> None:
         from app.backends.legacy import LegacyBackend
         from app.wiring import triton_backend
 
         self.settings = settings
         try:  # the model's description: its preprocessing, labels, scores and top-k, as the shim has them
             self.served = resolve(settings)
+            if labels is not None:
+                read = read_labels(labels)
+                check_labels(self.served.description, read, labels)
+                self.served = dataclasses.replace(self.served, labels=read, labels_path=labels)
         except SettingsError as e:
-            raise Unusable(f"{e} (--model-repository, --model, --labels, --legacy-model or their SHIM_* settings)") \
+            raise Unusable(f"{e} (--model-repository, --model, --labels or their SHIM_* settings)") \
                 from None
+        if legacy_model is not None:
+            self.served = dataclasses.replace(self.served, legacy_model_path=legacy_model)
         description = self.served.description
         self.spec = self.served.spec
         self.labels = self.served.labels
         self.scores = SCORE_FUNCTIONS[description.scores]
         self.k = k if k is not None else self.served.top_k
         if not self.served.legacy_model_path.is_file():
-            raise Unusable(f"legacy model {self.served.legacy_model_path} does not exist (--legacy-model or "
-                           "SHIM_LEGACY_MODEL_PATH)")
+            raise Unusable(f"legacy model {self.served.legacy_model_path} does not exist (--legacy-model, or "
+                           "make export)")
         if self.k > len(self.labels):
             raise Unusable(f"--top-k {self.k} is more than the {len(self.labels)} classes of {self.served.labels_path}")
-        self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=settings.legacy_threads,
+        self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=0,
                                     max_batch_size=1, image_shape=self.spec.shape,
                                     load_timeout_s=legacy_load_timeout_s, classes=description.classes)
         self.triton = triton_backend(settings, self.served, max_batch_size=1)
         self._triton_info = ""
 
     def check(self) -> None:
-        state = self.triton.ready()  # within about SHIM_READINESS_TIMEOUT_S, however Triton is down
+        state = self.triton.ready()  # within about READINESS_DEADLINE_S, however Triton is down
         if not state.ready:
             raise Unusable(f"Triton cannot be used: {state.detail}")
         self._triton_info = triton_info(self.settings.triton_host_port, self.settings.model_name,
-                                        timeout_s=self.settings.readiness_timeout_s + 2)
+                                        timeout_s=READINESS_DEADLINE_S + 2)
         self.legacy.start()  # torch loads in the background while the first image decodes
 
     def warm_up(self, image: Loaded) -> None:
