@@ -7,10 +7,7 @@ translates them into the contract's error body at the edge, and nowhere else.
     │   ├── EmptyImage (empty_image)       the file is empty
     │   ├── InvalidImage (invalid_image)   not a decodable image
     │   │   └── DecodeRefused              Triton's decoder refused a forwarded upload (the shim decodes it itself)
-    │   ├── BrokenBody (invalid_body)      a truncated body or broken chunked encoding
-    │   └── InvalidTraffic (invalid_traffic)  a traffic change shim-traffic or the flag file refuses
-    ├── FlagNotWritable (409)              the flag file is read-only here (a ConfigMap), or there is none
-    ├── LegacyUnavailable (409)            a mode that needs the legacy backend, which this image lacks
+    │   └── BrokenBody (invalid_body)      a truncated body or broken chunked encoding
     ├── TooLarge (413 too_large)           upload bytes, form parts or image pixels over the limits
     ├── Overloaded (503 overloaded)        this worker's /predict queue is full; comes with Retry-After
     └── BackendError (502 backend_error)   a backend failed to answer; names the backend
@@ -20,6 +17,10 @@ translates them into the contract's error body at the edge, and nowhere else.
         └── BackendTimeout (504)           no answer within the request's deadline
 
     SettingsError (a ValueError, not HTTP)  a bad SHIM_* value: start-up stops with its message
+    TrafficError (not HTTP)                 a traffic change refused: shim-traffic says why, a worker logs it
+    ├── InvalidTraffic                      a change or a flag file that is not valid
+    ├── FlagNotWritable                     the flag file is read-only here (a ConfigMap), or there is none
+    └── LegacyUnavailable                   a mode that needs the legacy backend, which this image lacks
 """
 
 from __future__ import annotations
@@ -77,23 +78,6 @@ class DecodeRefused(InvalidImage):
 class BrokenBody(InvalidRequest):
     code = "invalid_body"
     default_message = "the request body is incomplete or its chunked encoding is broken"
-
-
-class InvalidTraffic(InvalidRequest):
-    code = "invalid_traffic"
-    default_message = "the traffic update is not valid"
-
-
-class FlagNotWritable(ShimError):
-    status = 409
-    code = "flag_not_writable"
-    default_message = "the traffic flag file cannot be written here"
-
-
-class LegacyUnavailable(ShimError):
-    status = 409
-    code = "legacy_unavailable"
-    default_message = "this mode needs the legacy backend, which this image lacks"
 
 
 class TooLarge(ShimError):
@@ -154,3 +138,23 @@ class BackendTimeout(BackendError):
 
 class SettingsError(ValueError):
     """A bad SHIM_* value: the message names the variable, what it got and what it allows."""
+
+
+class TrafficError(Exception):
+    """A traffic change refused (shim-traffic, the automatic rollback, a flag file): never an HTTP answer."""
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class InvalidTraffic(TrafficError):
+    pass
+
+
+class FlagNotWritable(TrafficError):
+    pass
+
+
+class LegacyUnavailable(TrafficError):
+    pass

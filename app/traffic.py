@@ -34,7 +34,7 @@ from typing import Any
 import mmh3
 
 from app import metrics
-from app.errors import FlagNotWritable, InvalidTraffic, LegacyUnavailable, SettingsError
+from app.errors import FlagNotWritable, InvalidTraffic, LegacyUnavailable, SettingsError, TrafficError
 from app.settings import MODES_USING_LEGACY, Mode
 
 log = logging.getLogger(__name__)
@@ -309,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                                           ("shadow_percent", args.shadow_percent)) if v is not None}
             user = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
             state = flag.write(changes, updated_by=f"shim-traffic ({user})")
-    except (SettingsError, FlagNotWritable, InvalidTraffic, LegacyUnavailable) as e:
-        sys.stderr.write(f"shim-traffic: {getattr(e, 'message', e)}\n")
+    except (SettingsError, TrafficError) as e:
+        sys.stderr.write(f"shim-traffic: {e}\n")
         return 2
     print(json.dumps(state.to_json(), indent=2))
     return 0
