@@ -44,7 +44,7 @@ RETIRED: dict[str, str] = {
     "SHIM_BREAKER_FAILURES": _CONSTANT.format("app/breaker.py (FAILURES)"),
     "SHIM_BREAKER_RESET_S": _CONSTANT.format("app/breaker.py (RESET_S)"),
     "SHIM_SHADOW_MAX_INFLIGHT": _CONSTANT.format("app/shadow.py (MAX_INFLIGHT)"),
-    "SHIM_SHADOW_TIMEOUT_S": _CONSTANT.format("app/shadow.py (TIMEOUT_S)"),
+    "SHIM_SHADOW_TIMEOUT_S": "derived now: a shadow call waits on Triton as long as a request, SHIM_TRITON_TIMEOUT_S",
     "SHIM_SHADOW_TOLERANCE": _CONSTANT.format("app/shadow.py (TOLERANCE)"),
     "SHIM_SHADOW_LOG_PER_MINUTE": _CONSTANT.format("app/shadow.py (LOGS_PER_MINUTE)"),
     "SHIM_ROLLBACK_ERROR_RATE": _CONSTANT.format("app/rollback.py (ERROR_RATE)"),

@@ -28,7 +28,6 @@ from app.scores import Scores, best, softmax
 
 log = logging.getLogger(__name__)
 MAX_INFLIGHT = 4  # shadow calls per worker at once; more are skipped, never queued
-TIMEOUT_S = 5.0  # the longest a shadow call waits for Triton
 TOLERANCE = 1e-3  # largest score difference that still counts as a match
 LOGS_PER_MINUTE = 10  # mismatch samples logged per worker per minute
 
@@ -53,7 +52,7 @@ def compare(legacy: npt.NDArray[np.float32], candidate: npt.NDArray[np.float32],
 
 class ShadowRunner:
     def __init__(self, batcher: Batcher, breaker: CircuitBreaker, *, top_k: int, max_inflight: int = MAX_INFLIGHT,
-                 timeout_s: float = TIMEOUT_S, tolerance: float = TOLERANCE, logs_per_minute: int = LOGS_PER_MINUTE,
+                 timeout_s: float, tolerance: float = TOLERANCE, logs_per_minute: int = LOGS_PER_MINUTE,
                  scores: Scores = softmax) -> None:
         self._batcher = batcher
         self._scores = scores

@@ -97,7 +97,9 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
         return checked.fresh and checked.readiness.ready
 
     breaker = CircuitBreaker(TRITON, health=triton_healthy)
-    shadow = ShadowRunner(batchers[TRITON], breaker, top_k=served.top_k, scores=scores)
+    # A shadow call waits on Triton as long as a client's request would, never longer.
+    shadow = ShadowRunner(batchers[TRITON], breaker, top_k=served.top_k, timeout_s=settings.triton_timeout_s,
+                          scores=scores)
     flag = TrafficFlag(settings.flag_file, TrafficState(mode=settings.mode), legacy_lacks=legacy_lacks)
     rollback = AutoRollback(flag) if settings.auto_rollback else None
     router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=settings.fallback,

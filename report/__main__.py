@@ -1,4 +1,4 @@
-"""python -m report IMAGES [--shim-url URL | --triton-url HOST:PORT --legacy-model PT --labels TXT] [--out DIR]
+"""shim-report IMAGES [--triton-url HOST:PORT --legacy-model PT --labels TXT] [--out DIR]
 
 Replays every file under IMAGES through the legacy path and the Triton path, writes report.md,
 report.html and results.csv into --out, prints the path of report.md, and exits 0 for GO, 1 for NO-GO,
@@ -22,7 +22,7 @@ from app.settings import TRANSPORTS, Settings
 from report import EXIT_GO, EXIT_NO_GO, EXIT_USAGE
 from report.compare import Outcome, summarize
 from report.render import Report, write
-from report.replay import InProcess, Source, ThroughShim, Unusable, find_files, first_image, replay, warm_up
+from report.replay import InProcess, Source, Unusable, find_files, first_image, replay, warm_up
 from report.verdict import Thresholds, judge, percent
 
 PROG = "python -m report"
@@ -55,10 +55,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("images", type=Path, help="a folder of images (searched recursively; a capture works as is)")
     p.add_argument("--out", type=Path, help="where report.md, report.html and results.csv go "
                                             "(default: report-<UTC time> in the current folder)")
-    src = p.add_argument_group("a running shim (started with SHIM_OVERRIDE_HEADER=true)")
-    src.add_argument("--shim-url", help="e.g. http://127.0.0.1:5000: each image is POSTed to /predict twice, with "
-                                        "X-Shim-Backend: legacy and X-Shim-Backend: triton")
-    own = p.add_argument_group("or both backends in this process (the default)")
+    own = p.add_argument_group("both backends in this process")
     own.add_argument("--triton-url", help="Triton's HTTP host:port (default: SHIM_TRITON_URL)")
     own.add_argument("--legacy-model", type=Path, help="the TorchScript file (default: the model.toml's)")
     own.add_argument("--labels", type=Path, help="the labels file (default: the model.toml's)")
@@ -70,8 +67,7 @@ def parser() -> argparse.ArgumentParser:
     own.add_argument("--top-k", type=int, help="classes compared per answer (default: the model.toml's top_k)")
     run = p.add_argument_group("the run")
     run.add_argument("--concurrency", type=int, default=1, help="images in flight at once (default 1)")
-    run.add_argument("--timeout", type=float, help="seconds one call may take (default: SHIM_TRITON_TIMEOUT_S "
-                                                   "in-process, 60 through a shim)")
+    run.add_argument("--timeout", type=float, help="seconds one call may take (default: SHIM_TRITON_TIMEOUT_S)")
     run.add_argument("--warm-up", type=int, default=3, help="uncounted calls per backend before the run (default 3)")
     run.add_argument("--verbose", action="store_true", help="log the backends' INFO lines on stderr")
     gate = p.add_argument_group("thresholds of the verdict (every one must hold for GO)")
@@ -118,13 +114,6 @@ class Progress:
 
 
 def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> Source:
-    if args.shim_url:
-        given = [f"--{n.replace('_', '-')}" for n in ("triton_url", "legacy_model", "labels", "transport", "model",
-                                                      "model_version", "top_k", "model_repository")
-                 if getattr(args, n) is not None]
-        if given:
-            p.error(f"--shim-url compares the shim's own backends: {', '.join(given)} cannot go with it")
-        return ThroughShim(args.shim_url, timeout_s=args.timeout or 60.0)
     overrides = {"triton_url": args.triton_url, "transport": args.transport, "model_name": args.model,
                  "model_version": args.model_version, "triton_timeout_s": args.timeout,
                  "model_repository": args.model_repository}
