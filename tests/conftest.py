@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -286,6 +288,16 @@ def start_shim(tmp: Path, *, triton_url: str, repo: Path, model_pt: Path, **sett
            "SHIM_TRITON_TIMEOUT_S": "10"}
     env.update({f"SHIM_{k.upper()}": str(v) for k, v in settings.items()})
     return launch.start_shim(tmp, env)
+
+
+def shim_traffic(flag_file: Path, repo: Path, *args: str, model_name: str = "resnet50") -> str:
+    """The shim-traffic command, run as an operator runs it beside a shim with this flag file; its output."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SHIM_FLAG_FILE": str(flag_file),
+           "SHIM_MODEL_REPOSITORY": str(repo), "SHIM_MODEL_NAME": model_name}
+    done = subprocess.run([sys.executable, "-c", "from app.traffic import main; raise SystemExit(main())", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def start_legacy_app(tmp: Path, *, repo: Path, model_pt: Path) -> ServedApp:

@@ -31,7 +31,7 @@ from app.preprocess import crop, decode, normalize
 from devstack import EmbeddedTriton, launch
 from devstack.launch import ServedApp
 from devstack.promtext import scrape, total
-from tests.conftest import ENCODED_OWN_MODELS, OWN_MODELS, stop_soon
+from tests.conftest import ENCODED_OWN_MODELS, OWN_MODELS, shim_traffic, stop_soon
 from tests.integration.test_encoded import decode_step, kinds, metric, triton_count
 from tests.support import ROOT, encode, photo, wait_until
 from tests.uploads import Upload, valid_uploads
@@ -55,11 +55,7 @@ class Own:
 
     def switch(self, mode: str) -> None:
         """shim-traffic set `mode`, as an operator runs it beside the shim; then wait until answers follow."""
-        env = {"PATH": "/usr/bin:/bin", "SHIM_FLAG_FILE": str(self.flag_file),
-               "SHIM_MODEL_REPOSITORY": str(self.repo), "SHIM_MODEL_NAME": self.name}
-        done = subprocess.run([sys.executable, "-c", "from app.traffic import main; raise SystemExit(main())", "set",
-                               mode], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
+        shim_traffic(self.flag_file, self.repo, "set", mode, model_name=self.name)
         answered_by = "legacy" if mode == "shadow" else mode
         wait_until(lambda: ask(self.shim, UPLOADS[0]).headers.get("X-Shim-Backend") == answered_by, 30,
                    f"answers from {answered_by} after shim-traffic set {mode}")
