@@ -442,7 +442,7 @@ def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -
         assert (ROOT / name).is_file(), name
     for var in re.findall(r"\bSHIM_[A-Z_]+\b", section):
         assert var in SETTINGS_VARS | {"SHIM_WITH_LEGACY", "SHIM_MODEL_WEIGHTS"}, var
-    assert {"SHIM_MODE", "SHIM_ADMIN_TOKEN", "SHIM_FLAG_FILE"} <= set(env)
+    assert {"SHIM_MODE", "SHIM_FLAG_FILE"} <= set(env)
 
 
 def test_readme_kubernetes_commands_apply_files_that_exist() -> None:
