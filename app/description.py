@@ -57,8 +57,10 @@ SCORES = {"softmax": "the model answers logits; scores are their softmax (one cl
           "sigmoid": "the model answers logits; scores are a sigmoid per class (multi-label)",
           "probabilities": "the model answers probabilities already; scores are its outputs as they are"}
 SOURCES = ("torchvision", "torchscript", "efficientnet_lite")
+# The defaults of [preprocess], torchvision's ImageNet recipe; app/preprocess.py's ImageSpec takes them from here.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+RESIZE, CROP, INTERPOLATION = 256, 224, "bilinear"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
@@ -82,10 +84,10 @@ class ModelDescription:
     name: str
     source: Source
     color: str = "convert"
-    resize: int = 256
-    interpolation: str = "bilinear"
+    resize: int = RESIZE
+    interpolation: str = INTERPOLATION
     max_size: int | None = None
-    crop: int = 224
+    crop: int = CROP
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     classes: int = 1000
@@ -114,7 +116,7 @@ class ModelDescription:
     def normalize_model(self) -> str:
         """The ToTensor + Normalize step of that ensemble: the shared `normalize` for ImageNet's mean/std at 224,
         else one of this model's own (its mean/std, or its crop, differ)."""
-        imagenet = self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and self.crop == 224
+        imagenet = self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and self.crop == CROP
         return "normalize" if imagenet else f"{self.name}_normalize"
 
     @property
@@ -218,11 +220,11 @@ def parse(raw: Mapping[str, Any], path: Path) -> ModelDescription:
     pre = fields.section("preprocess")
     color = pre.text("color", "convert")
     pre.require(color in COLORS, "color", color, " | ".join(COLORS))
-    interpolation = pre.text("interpolation", "bilinear")
+    interpolation = pre.text("interpolation", INTERPOLATION)
     pre.require(interpolation in INTERPOLATIONS, "interpolation", interpolation,
                 "a torchvision InterpolationMode name: " + " | ".join(INTERPOLATIONS))
-    resize = pre.whole("resize", 256, low=1, high=10_000)
-    crop = pre.whole("crop", 224, low=1, high=10_000)
+    resize = pre.whole("resize", RESIZE, low=1, high=10_000)
+    crop = pre.whole("crop", CROP, low=1, high=10_000)
     max_size = pre.whole("max_size", 0, low=0, high=100_000) or None
     pre.require(max_size is None or max_size > resize, "max_size", max_size,
                 f"0 (none) or more than resize = {resize} (torchvision refuses a max_size <= size)")

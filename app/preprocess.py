@@ -21,24 +21,21 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
+from app.description import CROP, IMAGENET_MEAN, IMAGENET_STD, INTERPOLATION, INTERPOLATIONS, RESIZE
 from app.errors import EmptyImage, InvalidImage, TooLarge
 
 MAX_IMAGE_PIXELS = 40_000_000  # larger uploads are refused before they are decoded (decompression bombs)
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-# torchvision's InterpolationMode values -> the Pillow filter its PIL path uses (app/description.py lists them).
-PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "nearest-exact": Image.Resampling.NEAREST,
-               "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
-               "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING, "lanczos": Image.Resampling.LANCZOS}
+# Each interpolation a description may name -> the Pillow filter torchvision's PIL path uses for it.
+PIL_FILTERS = {name: Image.Resampling(code) for name, code in INTERPOLATIONS.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
 class ImageSpec:
-    resize: int = 256
-    crop: int = 224
+    resize: int = RESIZE
+    crop: int = CROP
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
-    interpolation: str = "bilinear"  # a torchvision InterpolationMode value
+    interpolation: str = INTERPOLATION  # a torchvision InterpolationMode value
     max_size: int | None = None  # Resize(max_size=...): the longest the long side may become
     color: str = "convert"  # how a non-RGB upload becomes RGB: "convert" (Image.convert) or "white" (alpha on white)
     max_pixels: int = MAX_IMAGE_PIXELS

@@ -162,8 +162,7 @@ def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
 
 
 def reported_transport(url: str) -> str:
-    """What the shim says it uses: /readyz's "transport", else "unknown" (a shim from before transports
-    existed, e.g. the "before" worktree, ignores SHIM_TRANSPORT)."""
+    """What the shim says it uses: /readyz's "transport", "unknown" when /readyz does not answer."""
     import urllib.error
     import urllib.request
 
@@ -382,8 +381,6 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
     if usable <= 4:
         notes.append(f"Only {usable} CPU cores: the load generator, the server under test and Triton share them; "
                      "read ratios measured in one run, not absolutes.")
-    notes.append("A shim that does not know SHIM_TRANSPORT ignores it: its rows then all run its one transport, "
-                 "and 'reports' says unknown.")
     report = {
         "mode": "frontend",
         "command": command,
