@@ -61,7 +61,6 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PATH=/opt/shim/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    SHIM_HOST=0.0.0.0 \
     SHIM_PORT=5000 \
     SHIM_MODEL_REPOSITORY=/models
 # /var/run/shim holds the traffic flag file (SHIM_FLAG_FILE); a volume mounted there inherits this owner.

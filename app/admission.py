@@ -3,7 +3,7 @@
     admit()  at most `max_pending` /predict requests in this worker at once (decoding, queued, waiting
              for Triton); one more is refused at once with Overloaded (503 + Retry-After), so overload
              becomes fast refusals instead of a queue that grows without bound. The worker keeps more
-             threads than that (SHIM_THREADS > SHIM_MAX_PENDING), so /healthz and /readyz always find one.
+             threads than that (app/settings.py: threads), so /healthz and /readyz always find one.
     turn()   decoding and preprocessing, `slots` requests at a time, in arrival order: a request that
              arrived earlier finishes its CPU work earlier, instead of every request of a burst sharing
              the cores and all finishing late.
@@ -19,9 +19,12 @@ from collections.abc import Iterator
 from app import metrics
 from app.errors import Overloaded
 
+DECODE_SLOTS = 2  # requests of a worker that decode and preprocess at once, in arrival order
+RETRY_AFTER_S = 1  # what the 503 of a full worker tells clients to wait
+
 
 class Admission:
-    def __init__(self, *, max_pending: int, slots: int, retry_after_s: int) -> None:
+    def __init__(self, *, max_pending: int, slots: int = DECODE_SLOTS, retry_after_s: int = RETRY_AFTER_S) -> None:
         self.max_pending = max_pending
         self._slots = slots
         self._retry_after_s = retry_after_s

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 import time
@@ -13,7 +12,7 @@ from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from app import bodies, contract, metrics
-from app.errors import BackendError, Forbidden, InvalidRequest, MissingImage, ShimError, Unauthorized
+from app.errors import BackendError, MissingImage, ShimError
 from app.logs import REQUEST_ID
 from app.routing import RequestContext, describe
 from app.uploads import image_from_form
@@ -23,7 +22,7 @@ log = logging.getLogger(__name__)
 bp = Blueprint("shim", __name__)
 
 REQUEST_ID_HEADER = "X-Request-ID"
-BACKEND_HEADER = "X-Shim-Backend"  # on answers: which backend answered; on requests: the QA override
+BACKEND_HEADER = "X-Shim-Backend"  # on answers: which backend answered
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPENAPI = Path(__file__).with_name("openapi.json")
 
@@ -83,11 +82,8 @@ def _predict(content_type: str) -> Response:
     data = image_from_form(request.get_data(cache=False), content_type, contract.IMAGE_FIELD,
                            max_parts=current_app.config["MAX_FORM_PARTS"],
                            max_field_bytes=current_app.config["MAX_FORM_MEMORY_SIZE"])
-    settings = shim().settings
-    forced = request.headers.get(BACKEND_HEADER) if settings.override_header else None
     ctx = RequestContext(request_id=g.request_id,
-                         routing_key=request.headers.get(settings.canary_header) or request.remote_addr or "",
-                         forced_backend=forced)
+                         routing_key=request.headers.get(shim().settings.canary_header) or request.remote_addr or "")
     metrics.INFLIGHT.inc()
     try:
         answer = shim().service.predict(data, ctx)
@@ -120,38 +116,11 @@ def readyz() -> tuple[Response, int]:
 
 @bp.get("/traffic")
 def traffic() -> Response:
-    """Read-only: the mode in force in this worker, where it came from, the circuit's state."""
+    """Read-only: the mode in force in this worker, where it came from, the circuit's state (shim-traffic
+    changes it)."""
     router = shim().router
     state = router.flag.current()
-    response = jsonify(describe(state, router))
-    response.headers["ETag"] = state.etag  # send it back in If-Match to change exactly this state
-    return response
-
-
-@bp.put("/admin/traffic")
-def change_traffic() -> Response:
-    """Switch the mode (or canary/shadow share) for every worker: {"mode": "canary", "canary_percent": 10}."""
-    _require_admin()
-    changes = request.get_json(silent=True)
-    if not isinstance(changes, dict):
-        raise InvalidRequest("send a JSON object, e.g. {\"mode\": \"canary\", \"canary_percent\": 10}")
-    router = shim().router
-    state = router.flag.write(changes, updated_by="admin-api", if_match=request.headers.get("If-Match"))
-    log.warning("traffic changed through the admin API: %s", state.to_json(), extra={"client": request.remote_addr})
-    response = jsonify(describe(state, router))
-    response.headers["ETag"] = state.etag
-    return response
-
-
-def _require_admin() -> None:
-    token = shim().settings.admin_token
-    if not token:
-        raise Forbidden("the admin API is off: set SHIM_ADMIN_TOKEN to enable it")
-    scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not offered:
-        raise Unauthorized()
-    if not hmac.compare_digest(offered.encode(), token.encode()):
-        raise Forbidden()
+    return jsonify(describe(state, router))
 
 
 @bp.get("/openapi.json")

@@ -34,6 +34,7 @@ from app.backends.base import Backend, Rows
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, ShimError
 
 log = logging.getLogger(__name__)
+TRITON_SENDERS = 2  # Triton requests in flight at once per worker: one batch is sent while the next collects
 
 
 class Upstream:

@@ -27,12 +27,14 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+FAILURES = 5  # consecutive Triton failures that open the circuit
+RESET_S = 10.0  # how long the circuit stays open before one probe request
 
 
 class CircuitBreaker:
     CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
-    def __init__(self, name: str, *, failures: int, reset_s: float, clock: Clock = time.monotonic,
+    def __init__(self, name: str, *, failures: int = FAILURES, reset_s: float = RESET_S, clock: Clock = time.monotonic,
                  health: Callable[[], bool] | None = None, health_interval_s: float = 0.5) -> None:
         self.name = name
         self._health = health

@@ -1,6 +1,6 @@
 """What this image can run. The legacy backend needs torch and its TorchScript file; the slim production
 image (Dockerfile, WITH_LEGACY=0) has no torch, so a mode that needs legacy (legacy, shadow, canary, or
-SHIM_FALLBACK) must be refused up front: at start, and at every switch (admin API, flag file).
+SHIM_FALLBACK) must be refused up front: at start, and at every switch (shim-traffic, the flag file).
 
 Light on purpose: gunicorn's master calls it before any worker starts, and it imports neither torch nor
 the shim's metrics. `find_spec` is injectable: tests say "no torch here" without uninstalling it.
@@ -24,7 +24,7 @@ def legacy_lacks(model_path: Path, find_spec: FindSpec = importlib.util.find_spe
         return ("torch is not installed (the image was built with WITH_LEGACY=0; build it with "
                 "--build-arg WITH_LEGACY=1, or pip install '.[legacy]')")
     if not model_path.is_file():
-        return f"its model file {model_path} does not exist (run `make export` or set SHIM_LEGACY_MODEL_PATH)"
+        return f"its model file {model_path} does not exist (run `shim-export`, or fix the model.toml)"
     return None
 
 

@@ -1,4 +1,4 @@
-"""Keep a bounded sample of accepted uploads, to replay them later (python -m report). Off by default.
+"""Keep a bounded sample of accepted uploads, to replay them later (shim-report). Off by default.
 
 Only uploads that were decoded and answered are kept, never refused ones. Bounded three ways: at most
 `per_minute` files per worker and minute (the rest are not kept), at most `max_bytes` in the folder
@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 MAGIC = ((b"\xff\xd8", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"), (b"II*\x00", "tif"),
          (b"MM\x00*", "tif"))
 Clock = Callable[[], float]
+PER_MINUTE = 60  # files kept per worker and minute
+MAX_MB = 1024.0  # the folder's size; the oldest files go first
 
 
 def extension(data: bytes) -> str:
@@ -35,7 +37,8 @@ def extension(data: bytes) -> str:
 
 
 class Capture:
-    def __init__(self, folder: Path, *, per_minute: int, max_bytes: int, clock: Clock = time.monotonic) -> None:
+    def __init__(self, folder: Path, *, per_minute: int = PER_MINUTE, max_bytes: int = int(MAX_MB * 1024 * 1024),
+                 clock: Clock = time.monotonic) -> None:
         self.folder = folder
         self._per_minute = per_minute
         self._max_bytes = max_bytes

@@ -66,8 +66,10 @@ SCORES = {"softmax": "the model answers logits; scores are their softmax (one cl
           "sigmoid": "the model answers logits; scores are a sigmoid per class (multi-label)",
           "probabilities": "the model answers probabilities already; scores are its outputs as they are"}
 SOURCES = ("torchvision", "torchscript", "efficientnet_lite")
+# The defaults of [preprocess], torchvision's ImageNet recipe; app/preprocess.py's ImageSpec takes them from here.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+RESIZE, CROP, INTERPOLATION = 256, 224, "bilinear"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 # A file a description names: a relative path inside its folder, in plain characters (it is written into
 # config.pbtxt and copied by the export, so a quote, a backslash or a control character is refused, not escaped).
@@ -77,7 +79,7 @@ Size = int | tuple[int, int]  # an int: Resize's short side / a square crop; a p
 
 def pair(size: Size) -> tuple[int, int]:
     """(height, width) of a size as torchvision takes it."""
-    return (size, size) if isinstance(size, int) else size
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
 def size_text(size: Size) -> str:
@@ -105,12 +107,12 @@ class ModelDescription:
     name: str
     source: Source
     color: str = "convert"
-    resize: Size = 256  # an int: the short side (Resize(256)); a pair: a fixed (height, width), Resize((h, w))
-    interpolation: str = "bilinear"
+    resize: Size = RESIZE  # an int: the short side (Resize(256)); a pair: a fixed (height, width), Resize((h, w))
+    interpolation: str = INTERPOLATION
     max_size: int | None = None
     antialias: bool = True
     resize_on: str = "pil"  # one of RESIZE_ON
-    crop: Size = 224  # CenterCrop's size: an int (square) or (height, width); the model's input
+    crop: Size = CROP  # CenterCrop's size: an int (square) or (height, width); the model's input
     to_float: str = "divide"  # one of TO_FLOAT
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
@@ -146,7 +148,7 @@ class ModelDescription:
     def normalize_model(self) -> str:
         """The ToTensor + Normalize step of that ensemble: the shared `normalize` for ImageNet's mean/std at 224,
         else one of this model's own (its mean/std, or its crop, differ)."""
-        imagenet = (self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and pair(self.crop) == (224, 224)
+        imagenet = (self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and pair(self.crop) == (CROP, CROP)
                     and self.to_float == "divide")
         return "normalize" if imagenet else f"{self.name}_normalize"
 
@@ -181,13 +183,13 @@ class ModelDescription:
     def model_file(self, version: int | str = 1) -> Path:
         return self.folder / str(version) / "model.pt"
 
-    def spec(self, max_pixels: int = 40_000_000) -> ImageSpec:
+    def spec(self) -> ImageSpec:
         """The shim's preprocessing for this model (app/preprocess.py), built once."""
         from app.preprocess import ImageSpec
 
         return ImageSpec(resize=self.resize, crop=self.crop, mean=self.mean, std=self.std,
                          interpolation=self.interpolation, max_size=self.max_size, color=self.color,
-                         to_float=self.to_float, max_pixels=max_pixels)
+                         to_float=self.to_float)
 
     def parameters(self) -> dict[str, str]:
         """What the generated config.pbtxt carries as `parameters` (Triton serves them back as the model's config),
@@ -261,12 +263,12 @@ def parse(raw: Mapping[str, Any], path: Path) -> ModelDescription:
     pre = fields.section("preprocess")
     color = pre.text("color", "convert")
     pre.require(color in COLORS, "color", color, " | ".join(COLORS))
-    interpolation = pre.text("interpolation", "bilinear")
+    interpolation = pre.text("interpolation", INTERPOLATION)
     pre.require(interpolation in INTERPOLATIONS, "interpolation", interpolation,
                 "a torchvision InterpolationMode name: " + " | ".join(INTERPOLATIONS))
-    resize = pre.size("resize", 256)
+    resize = pre.size("resize", RESIZE)
     fixed = not isinstance(resize, int)
-    crop = pre.size("crop", resize if fixed else 224)
+    crop = pre.size("crop", resize if fixed else CROP)
     max_size = pre.whole("max_size", 0, low=0, high=100_000) or None
     pre.require(max_size is None or not fixed, "max_size", max_size,
                 "0 (none) with a fixed-size resize = [height, width] (torchvision refuses max_size there)")
@@ -451,18 +453,13 @@ class Served:
 
 
 def resolve(settings: Settings) -> Served:
-    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME with SHIM_LABELS_PATH, SHIM_LEGACY_MODEL_PATH and
-    SHIM_TOP_K applied; DescriptionError (a SettingsError) when anything does not fit."""
+    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME, its labels read; DescriptionError (a
+    SettingsError) when anything does not fit."""
     description = load(settings.description_path)
-    labels_path = settings.labels_path or description.labels
-    labels = read_labels(labels_path)
-    check_labels(description, labels, labels_path)
-    k = settings.top_k or description.top_k
-    if k > description.classes:
-        raise DescriptionError(f"SHIM_TOP_K={k} is not valid: {description.path} has {description.classes} classes")
-    return Served(description=description, spec=description.spec(settings.max_image_pixels), labels=labels,
-                  labels_path=labels_path, legacy_model_path=settings.legacy_model_path or description.model_file(),
-                  top_k=k)
+    labels = read_labels(description.labels)
+    check_labels(description, labels, description.labels)
+    return Served(description=description, spec=description.spec(), labels=labels, labels_path=description.labels,
+                  legacy_model_path=description.model_file(), top_k=description.top_k)
 
 
 def read_labels(path: Path) -> tuple[str, ...]:
@@ -470,7 +467,7 @@ def read_labels(path: Path) -> tuple[str, ...]:
         labels = tuple(line.strip() for line in path.read_text().splitlines() if line.strip())
     except OSError as e:
         raise DescriptionError(f"labels file {path} cannot be read ({e.strerror}); run `make export` (or "
-                               "modelrepo/export.py for your model), or set SHIM_LABELS_PATH") from None
+                               "modelrepo/export.py for your model), or fix [labels] in its model.toml") from None
     if not labels:
         raise DescriptionError(f"labels file {path} is empty: one class name per line, in output order")
     return labels

@@ -6,13 +6,7 @@ translates them into the contract's error body at the edge, and nowhere else.
     │   ├── MissingImage (missing_image)   no multipart field `image`
     │   ├── EmptyImage (empty_image)       the file is empty
     │   ├── InvalidImage (invalid_image)   not a decodable image
-    │   ├── BrokenBody (invalid_body)      a truncated body or broken chunked encoding
-    │   └── InvalidTraffic (invalid_traffic)  a traffic update the admin API or flag file refuses
-    ├── Unauthorized (401)                 admin API without a bearer token
-    ├── Forbidden (403)                    admin API with a wrong token, or switched off
-    ├── FlagNotWritable (409)              the flag file is read-only here (a ConfigMap), or there is none
-    ├── LegacyUnavailable (409)            a mode that needs the legacy backend, which this image lacks
-    ├── PreconditionFailed (412)           If-Match names a traffic state that is no longer the latest
+    │   └── BrokenBody (invalid_body)      a truncated body or broken chunked encoding
     ├── TooLarge (413 too_large)           upload bytes, form parts or image pixels over the limits
     ├── Overloaded (503 overloaded)        this worker's /predict queue is full; comes with Retry-After
     └── BackendError (502 backend_error)   a backend failed to answer; names the backend
@@ -22,6 +16,10 @@ translates them into the contract's error body at the edge, and nowhere else.
         └── BackendTimeout (504)           no answer within the request's deadline
 
     SettingsError (a ValueError, not HTTP)  a bad SHIM_* value: start-up stops with its message
+    TrafficError (not HTTP)                 a traffic change refused: shim-traffic says why, a worker logs it
+    ├── InvalidTraffic                      a change or a flag file that is not valid
+    ├── FlagNotWritable                     the flag file is read-only here (a ConfigMap), or there is none
+    └── LegacyUnavailable                   a mode that needs the legacy backend, which this image lacks
 """
 
 from __future__ import annotations
@@ -69,44 +67,6 @@ class InvalidImage(InvalidRequest):
 class BrokenBody(InvalidRequest):
     code = "invalid_body"
     default_message = "the request body is incomplete or its chunked encoding is broken"
-
-
-class InvalidTraffic(InvalidRequest):
-    code = "invalid_traffic"
-    default_message = "the traffic update is not valid"
-
-
-class Unauthorized(ShimError):
-    status = 401
-    code = "unauthorized"
-    default_message = "this endpoint needs 'Authorization: Bearer <SHIM_ADMIN_TOKEN>'"
-
-    def headers(self) -> dict[str, str]:
-        return {"WWW-Authenticate": 'Bearer realm="flask-triton-shim admin"'}
-
-
-class Forbidden(ShimError):
-    status = 403
-    code = "forbidden"
-    default_message = "the token is not valid"
-
-
-class FlagNotWritable(ShimError):
-    status = 409
-    code = "flag_not_writable"
-    default_message = "the traffic flag file cannot be written here"
-
-
-class LegacyUnavailable(ShimError):
-    status = 409
-    code = "legacy_unavailable"
-    default_message = "this mode needs the legacy backend, which this image lacks"
-
-
-class PreconditionFailed(ShimError):
-    status = 412
-    code = "precondition_failed"
-    default_message = "the traffic state changed since it was read"
 
 
 class TooLarge(ShimError):
@@ -167,3 +127,23 @@ class BackendTimeout(BackendError):
 
 class SettingsError(ValueError):
     """A bad SHIM_* value: the message names the variable, what it got and what it allows."""
+
+
+class TrafficError(Exception):
+    """A traffic change refused (shim-traffic, the automatic rollback, a flag file): never an HTTP answer."""
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class InvalidTraffic(TrafficError):
+    pass
+
+
+class FlagNotWritable(TrafficError):
+    pass
+
+
+class LegacyUnavailable(TrafficError):
+    pass

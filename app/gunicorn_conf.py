@@ -32,7 +32,7 @@ except SettingsError as _error:
 give_back_large_buffers()
 
 wsgi_app = "app:create_app()"
-bind = f"{_settings.host}:{_settings.port}"
+bind = f"0.0.0.0:{_settings.port}"
 workers = _settings.workers
 worker_class = "gthread"
 threads = _settings.threads

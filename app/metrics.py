@@ -72,7 +72,7 @@ TRANSPORT = Gauge(
     ["transport"], multiprocess_mode="liveall")
 PROXY_RESPONSES = Counter(
     "shim_proxy_responses", "Answers of the nginx in front of the shim (deploy/nginx), from its access log "
-    "(SHIM_PROXY_LOG_SOCKET): by path (/predict, /healthz, /readyz, other), HTTP status and, when nginx "
+    "(SHIM_PROXY_LOG_ADDRESS): by path (/predict, /healthz, /readyz, other), HTTP status and, when nginx "
     "answered itself, its reason (empty: the shim's own answer, passed on)", ["path", "status", "reason"])
 INFLIGHT = Gauge(
     "shim_inflight_requests", "POST /predict requests being handled now", multiprocess_mode="livesum")

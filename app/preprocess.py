@@ -23,34 +23,25 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
+from app.description import CROP, IMAGENET_MEAN, IMAGENET_STD, INTERPOLATION, INTERPOLATIONS, RESIZE, Size, pair
 from app.errors import EmptyImage, InvalidImage, TooLarge
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-# torchvision's InterpolationMode values -> the Pillow filter its PIL path uses (app/description.py lists them).
-PIL_FILTERS = {"nearest": Image.Resampling.NEAREST, "nearest-exact": Image.Resampling.NEAREST,
-               "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
-               "box": Image.Resampling.BOX, "hamming": Image.Resampling.HAMMING, "lanczos": Image.Resampling.LANCZOS}
-
-
-Size = int | tuple[int, int]  # an int: Resize's short side / a square crop; a pair: (height, width)
-
-
-def pair(size: Size) -> tuple[int, int]:
-    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+MAX_IMAGE_PIXELS = 40_000_000  # larger uploads are refused before they are decoded (decompression bombs)
+# Each interpolation a description may name -> the Pillow filter torchvision's PIL path uses for it.
+PIL_FILTERS = {name: Image.Resampling(code) for name, code in INTERPOLATIONS.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
 class ImageSpec:
-    resize: Size = 256  # Resize(int): the short side; Resize((h, w)): a fixed size
-    crop: Size = 224  # CenterCrop(int) or CenterCrop((h, w))
+    resize: Size = RESIZE  # Resize(int): the short side; Resize((h, w)): a fixed size
+    crop: Size = CROP  # CenterCrop(int) or CenterCrop((h, w))
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
-    interpolation: str = "bilinear"  # a torchvision InterpolationMode value
+    interpolation: str = INTERPOLATION  # a torchvision InterpolationMode value
     max_size: int | None = None  # Resize(max_size=...): the longest the long side may become
     color: str = "convert"  # how a non-RGB upload becomes RGB: "convert" (Image.convert) or "white" (alpha on white)
     to_float: str = "divide"  # ToTensor's x / 255, or "multiply": v2's ToDtype(float32, scale=True), x * (1 / 255)
-    max_pixels: int = 40_000_000  # refused before decoding (decompression bombs)
+    max_pixels: int = MAX_IMAGE_PIXELS  # refused before decoding (decompression bombs)
     # ToTensor + Normalize for every uint8 value, per channel: shape (3, 256).
     table: npt.NDArray[np.float32] = field(init=False, repr=False, compare=False)
 

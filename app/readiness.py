@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from app.backends.base import Readiness
 
 Clock = Callable[[], float]
+DEADLINE_S = 1.0  # /readyz answers within about this, 503 when Triton does not
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class Checked:
 
 
 class SharedCheck:
-    def __init__(self, check: Callable[[], Readiness], *, deadline_s: float, clock: Clock = time.monotonic) -> None:
+    def __init__(self, check: Callable[[], Readiness], *, deadline_s: float = DEADLINE_S,
+                 clock: Clock = time.monotonic) -> None:
         self._check = check
         self._deadline_s = deadline_s
         self._clock = clock

@@ -1,5 +1,6 @@
 """Automatic canary rollback: when Triton fails too large a share of one worker's canary requests over a
-window, the canary share goes to 0 for every worker (through the flag file), with the reason.
+window, the canary share goes to 0 for every worker (through the flag file), with the reason. A flag file the
+shim cannot write (a Kubernetes ConfigMap) is the operator's: the rollback is logged and counted for them to act.
 
 Time comes from `clock` (time.monotonic unless a test passes its own).
 """
@@ -19,6 +20,9 @@ from app.traffic import TrafficFlag
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+ERROR_RATE = 0.2  # the share of a window's canary requests Triton may fail
+WINDOW_S = 60.0
+MIN_REQUESTS = 20  # canary requests in the window before its rate counts
 
 
 class ErrorWindow:
@@ -46,8 +50,8 @@ class ErrorWindow:
 
 
 class AutoRollback:
-    def __init__(self, flag: TrafficFlag, *, error_rate: float, window_s: float, min_requests: int,
-                 clock: Clock = time.monotonic) -> None:
+    def __init__(self, flag: TrafficFlag, *, error_rate: float = ERROR_RATE, window_s: float = WINDOW_S,
+                 min_requests: int = MIN_REQUESTS, clock: Clock = time.monotonic) -> None:
         self._flag = flag
         self._error_rate = error_rate
         self._window_s = window_s
@@ -70,6 +74,5 @@ class AutoRollback:
         metrics.ROLLBACKS.inc()
         try:
             self._flag.write({"canary_percent": 0, "reason": reason}, updated_by="auto-rollback")
-        except FlagNotWritable as e:  # a read-only (ConfigMap) flag: each worker rolls itself back
-            log.error("%s; rolling back this worker only", e.message)
-            self._flag.override({"canary_percent": 0, "reason": reason}, updated_by="auto-rollback")
+        except FlagNotWritable as e:  # a read-only (ConfigMap) flag: one source of traffic, the operator's
+            log.error("%s; set the canary share to 0 in the ConfigMap", e.message)

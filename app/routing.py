@@ -46,7 +46,6 @@ LEGACY, TRITON = "legacy", "triton"
 class RequestContext:
     request_id: str
     routing_key: str  # who the client is, for sticky canary assignment
-    forced_backend: str | None = None  # the QA override header, when enabled
 
 
 @dataclass(frozen=True)
@@ -116,9 +115,7 @@ class Router:
 
     def decide(self, ctx: RequestContext) -> Decision:
         state = self.flag.current()
-        if ctx.forced_backend in (LEGACY, TRITON):
-            decision = Decision(state.mode, ctx.forced_backend)
-        elif state.mode is Mode.LEGACY:
+        if state.mode is Mode.LEGACY:
             decision = Decision(state.mode, LEGACY)
         elif state.mode is Mode.TRITON:
             decision = Decision(state.mode, TRITON, fallback=self.fallback)

@@ -26,6 +26,9 @@ from app.images import Upload
 from app.scores import Scores, best, softmax
 
 log = logging.getLogger(__name__)
+MAX_INFLIGHT = 4  # shadow calls per worker at once; more are skipped, never queued
+TOLERANCE = 1e-3  # largest score difference that still counts as a match
+LOGS_PER_MINUTE = 10  # mismatch samples logged per worker per minute
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,9 @@ def compare(legacy: npt.NDArray[np.float32], candidate: npt.NDArray[np.float32],
 
 
 class ShadowRunner:
-    def __init__(self, batcher: Batcher, breaker: CircuitBreaker, *, max_inflight: int, timeout_s: float,
-                 tolerance: float, top_k: int, logs_per_minute: int, scores: Scores = softmax) -> None:
+    def __init__(self, batcher: Batcher, breaker: CircuitBreaker, *, top_k: int, max_inflight: int = MAX_INFLIGHT,
+                 timeout_s: float, tolerance: float = TOLERANCE, logs_per_minute: int = LOGS_PER_MINUTE,
+                 scores: Scores = softmax) -> None:
         self._batcher = batcher
         self._scores = scores
         self._breaker = breaker

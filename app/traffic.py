@@ -1,13 +1,13 @@
 """The traffic flag: which mode is in force, shared by every gunicorn worker through one JSON file.
 
-Each worker re-reads the file when it changes (checked at most every SHIM_FLAG_POLL_S on the request
-path), so a switch reaches every worker within that bound, without a restart. Writers (the admin API,
-the automatic rollback, or a person with an editor) replace the file atomically. The shim's own writers
-take an exclusive lock on `<flag file>.lock` (fcntl, shared by every process that sees the file), read the
-latest file again and apply their change on top of it, so that no writer undoes another's change with a
-stale copy; each such write gets the next `revision`, and its ETag (a digest of the state) lets the admin
-API refuse an update made against a state that is no longer the latest (If-Match, 412). A file that does
-not parse, or asks for a mode this image cannot serve, is reported and ignored: the last good state stays.
+The one way to change traffic at run time: `shim-traffic set MODE ...` (main() below) writes the file, or,
+on Kubernetes, the ConfigMap mounted there. Each worker re-reads the file when it changes (checked at most
+every POLL_S on the request path), so a switch reaches every worker within that bound, without a restart.
+Writers (shim-traffic, the automatic rollback) take an exclusive lock on `<flag file>.lock` (fcntl, shared by
+every process that sees the file), read the latest file again, apply their change on top of it and replace
+the file atomically, so that no writer undoes another's change with a stale copy; each write gets the next
+`revision`. A file that does not parse, or asks for a mode this image cannot serve, is reported and
+ignored: the last good state stays.
 
 Canary assignment is sticky: the targeting key is hashed with MurmurHash3 (as Unleash does for its
 gradual rollouts) into a bucket 0-99, and the clients whose bucket is below the canary percent go to
@@ -16,12 +16,13 @@ Triton, so raising the percent only adds clients.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -33,14 +34,15 @@ from typing import Any
 import mmh3
 
 from app import metrics
-from app.errors import FlagNotWritable, InvalidTraffic, LegacyUnavailable, PreconditionFailed
+from app.errors import FlagNotWritable, InvalidTraffic, LegacyUnavailable, SettingsError, TrafficError
 from app.settings import MODES_USING_LEGACY, Mode
 
 log = logging.getLogger(__name__)
 CANARY_GROUP = "flask-triton-shim"  # hashed with the key: another rollout with other keys gets other buckets
 CHANGES = ("mode", "canary_percent", "shadow_percent", "reason")  # what a writer may ask for
-AUDIT = ("updated_by", "updated_at", "revision")  # the server's to write, never the admin API's client
+AUDIT = ("updated_by", "updated_at", "revision")  # the writer's to fill in, never asked for
 MAX_TEXT = 500  # characters of a reason or an audit field kept
+POLL_S = 0.5  # how stale a worker's view of the flag file may be
 LOCK_WAIT_S = 5.0  # the longest a writer waits for another's lock (writers hold it for milliseconds)
 Clock = Callable[[], float]
 Lacks = Callable[[], str | None]  # what the legacy backend lacks here (torch, its model file), or None
@@ -60,22 +62,16 @@ class TrafficState:
     mode: Mode
     canary_percent: int = 0
     shadow_percent: int = 100
-    source: str = "env"  # env (the SHIM_* settings), flag-file, or local (this worker only)
-    updated_by: str = ""  # admin-api, auto-rollback, or whoever wrote the file
+    source: str = "env"  # env (SHIM_MODE) or flag-file
+    updated_by: str = ""  # shim-traffic (with the user), auto-rollback, or whoever wrote the file
     updated_at: str = ""
     reason: str = ""
     revision: int = 0  # one more for each write by the shim; 0 before the first
 
-    @property
-    def etag(self) -> str:
-        """A strong ETag of the state (its revision included): any change to it, by hand too, changes it."""
-        body = json.dumps({k: v for k, v in self.to_json().items() if k != "source"}, sort_keys=True)
-        return '"' + hashlib.sha256(body.encode()).hexdigest()[:20] + '"'
-
     def with_changes(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
-        """A new state from a partial update by `updated_by` (the admin API, the rollback); validates it.
+        """A new state from a partial update by `updated_by` (shim-traffic, the rollback); validates it.
 
-        Only CHANGES are accepted: who changed it and when are the server's to say, never the client's.
+        Only CHANGES are accepted: who changed it and when are the writer's to fill in.
         """
         unknown = sorted(set(changes) - set(CHANGES))
         if unknown:
@@ -118,12 +114,6 @@ class TrafficState:
         return {**asdict(self), "mode": self.mode.value}
 
 
-def _matches(if_match: str, etag: str) -> bool:
-    """RFC 9110 If-Match: `*`, or a list of entity tags compared strongly (a weak W/"..." never matches)."""
-    tags = [tag.strip() for tag in if_match.split(",")]
-    return "*" in tags or etag in tags or etag.strip('"') in tags
-
-
 def _text(data: dict[str, Any], name: str, default: str) -> str:
     value = data.get(name, default)
     if not isinstance(value, str):
@@ -134,7 +124,7 @@ def _text(data: dict[str, Any], name: str, default: str) -> str:
 
 
 class TrafficFlag:
-    def __init__(self, path: Path | None, default: TrafficState, poll_s: float,
+    def __init__(self, path: Path | None, default: TrafficState, poll_s: float = POLL_S,
                  clock: Clock = time.monotonic, legacy_lacks: Lacks = lambda: None) -> None:
         self.path = path
         self._clock = clock
@@ -163,9 +153,9 @@ class TrafficFlag:
                 self._reload()
         return self._state
 
-    def write(self, changes: dict[str, Any], *, updated_by: str, if_match: str | None = None) -> TrafficState:
+    def write(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
         """Apply a partial update for every worker, on top of the latest file (under the writers' lock), then use
-        it here at once. `if_match`: the ETag(s) the writer's change was made against (412 if none is current)."""
+        it here at once."""
         if self.path is None:
             raise FlagNotWritable("run-time switching is off: there is no flag file (set SHIM_FLAG_FILE; "
                                   "app/gunicorn_conf.py makes one per run)")
@@ -173,11 +163,7 @@ class TrafficFlag:
         try:
             with self._writers_lock(path):
                 latest = self._latest()
-                state = latest.with_changes(changes, updated_by=updated_by)  # a bad update is a 400 first
-                if if_match is not None and not _matches(if_match, latest.etag):
-                    raise PreconditionFailed(f"the traffic state changed since it was read: it is revision "
-                                             f"{latest.revision} now, ETag {latest.etag}; GET /traffic and "
-                                             "decide again")
+                state = latest.with_changes(changes, updated_by=updated_by)
                 state = replace(state, revision=latest.revision + 1, source="flag-file")
                 self._check_backends(state)
                 body = {k: v for k, v in state.to_json().items() if k != "source"}
@@ -187,8 +173,7 @@ class TrafficFlag:
                 os.replace(tmp, path)
         except OSError as e:  # e.g. a ConfigMap mount: read-only by design
             raise FlagNotWritable(f"cannot write the flag file {path} ({e.strerror}); if it is mounted from "
-                                  "a Kubernetes ConfigMap, change the ConfigMap instead (README: Scale out on "
-                                  "Kubernetes)") from e
+                                  "a Kubernetes ConfigMap, change the ConfigMap instead (docs/settings.md)") from e
         with self._lock:
             self._checked = self._clock()
             self._reload()
@@ -242,12 +227,6 @@ class TrafficFlag:
                                         f"{lacks}; stay in triton mode, or use an image built with "
                                         "WITH_LEGACY=1")
 
-    def override(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
-        """Apply a change in this worker only, until the flag file next changes (it cannot be written)."""
-        with self._lock:
-            self._set(replace(self._state.with_changes(changes, updated_by=updated_by), source="local"))
-            return self._state
-
     def _reload(self) -> None:
         try:
             info = self.path.stat() if self.path else None
@@ -290,7 +269,48 @@ class TrafficFlag:
     @staticmethod
     def _publish(state: TrafficState) -> None:
         for mode in Mode:
-            for source in ("env", "flag-file", "local"):
+            for source in ("env", "flag-file"):
                 metrics.TRAFFIC_MODE.labels(mode.value, source).set(
                     1 if (mode, source) == (state.mode, state.source) else 0)
         metrics.CANARY_PERCENT.set(state.canary_percent)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """shim-traffic show | set MODE [--canary-percent N] [--shadow-percent N] [--reason TEXT]: the flag file
+    (SHIM_FLAG_FILE, or --flag-file) every worker of the shim watches, read or changed under the writers' lock."""
+    from app.capabilities import legacy_lacks
+    from app.description import resolve
+    from app.settings import Settings
+
+    parser = argparse.ArgumentParser(prog="shim-traffic", description="Show or change where /predict traffic goes, "
+                                     "for every worker, within half a second, without a restart.")
+    parser.add_argument("--flag-file", type=Path, help="the flag file (default: $SHIM_FLAG_FILE)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("show", help="print the flag file's state as JSON")
+    change = commands.add_parser("set", help="change the mode (and shares) for every worker")
+    change.add_argument("mode", choices=[m.value for m in Mode])
+    change.add_argument("--canary-percent", type=int, help="share of clients (sticky) Triton answers in canary mode")
+    change.add_argument("--shadow-percent", type=int, help="share of requests also sent to Triton in shadow mode")
+    change.add_argument("--reason", default="", help="why, kept in the file and the shim's log")
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        path = args.flag_file or settings.flag_file
+        if path is None:
+            raise SettingsError("no flag file: set SHIM_FLAG_FILE (as the shim has it) or pass --flag-file")
+        served = resolve(settings)
+        flag = TrafficFlag(path, TrafficState(mode=settings.mode), poll_s=0.0,
+                           legacy_lacks=lambda: legacy_lacks(served.legacy_model_path))
+        if args.command == "show":
+            state = flag.current()
+        else:
+            changes: dict[str, Any] = {"mode": args.mode, "reason": args.reason}
+            changes |= {k: v for k, v in (("canary_percent", args.canary_percent),
+                                          ("shadow_percent", args.shadow_percent)) if v is not None}
+            user = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
+            state = flag.write(changes, updated_by=f"shim-traffic ({user})")
+    except (SettingsError, TrafficError) as e:
+        sys.stderr.write(f"shim-traffic: {e}\n")
+        return 2
+    print(json.dumps(state.to_json(), indent=2))
+    return 0

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 from app import metrics
 from app.admission import Admission
 from app.backends.base import Backend, MayLack
-from app.batching import Batcher, Upstream
+from app.batching import TRITON_SENDERS, Batcher, Upstream
 from app.breaker import CircuitBreaker
 from app.capabilities import check_start
 from app.capture import Capture
-from app.description import Served, resolve
-from app.preprocess import configure_pillow, pair
+from app.description import Served, pair, resolve
+from app.preprocess import configure_pillow
+from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
 from app.readiness import SharedCheck
 from app.rollback import AutoRollback
 from app.routing import LEGACY, TRITON, Router
@@ -26,6 +27,8 @@ from app.traffic import TrafficFlag, TrafficState
 
 if TYPE_CHECKING:
     from app.backends.triton import TritonBackend
+
+TRITON_CONNECT_TIMEOUT_S = 1.0  # a Triton that does not accept a connection within this is down
 
 
 @dataclass(frozen=True)
@@ -42,17 +45,17 @@ class Shim:
 def triton_backend(settings: Settings, served: Served, *, max_batch_size: int | None = None) -> TritonBackend:
     """The Triton backend of these settings and this model's description: the shim's, and the migration report's
     (report/replay.py, one image per call). Every model name, tensor shape and preprocessing parameter it
-    checks at readiness comes from the description; the settings override the ensembles' names."""
+    checks at readiness comes from the description, the ensembles' names too."""
     from app.backends.triton import Target, TritonBackend, transport_for
 
     description = served.description
     target = Target(url=settings.triton_host_port, model=description.name, version=settings.model_version,
                     crop=pair(served.spec.crop), classes=description.classes, parameters=description.parameters(),
-                    uint8_model=settings.uint8_model or description.uint8_model,
-                    encoded_model=settings.encoded_model or description.encoded_model,
+                    uint8_model=description.uint8_model,
+                    encoded_model=description.encoded_model,
                     decode_parameters=description.decode_parameters(), encoded_refusal=description.encoded_refusal())
-    return TritonBackend(transport_for(settings)(target), connect_timeout_s=settings.triton_connect_timeout_s,
-                         network_timeout_s=settings.triton_timeout_s, readiness_timeout_s=settings.readiness_timeout_s,
+    return TritonBackend(transport_for(settings)(target), connect_timeout_s=TRITON_CONNECT_TIMEOUT_S,
+                         network_timeout_s=settings.triton_timeout_s, readiness_timeout_s=READINESS_DEADLINE_S,
                          max_batch_size=settings.max_batch_size if max_batch_size is None else max_batch_size)
 
 
@@ -63,7 +66,7 @@ def build_backends(settings: Settings, served: Served) -> dict[str, Backend]:
 
     return {
         TRITON: triton_backend(settings, served),
-        LEGACY: LegacyBackend(model_path=served.legacy_model_path, threads=settings.legacy_threads,
+        LEGACY: LegacyBackend(model_path=served.legacy_model_path, threads=0,  # torch's own: OMP_NUM_THREADS
                               max_batch_size=settings.max_batch_size, image_shape=served.spec.shape,
                               classes=served.description.classes),
     }
@@ -82,35 +85,30 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     upstream = Upstream()
     delay_s = settings.batch_delay_ms / 1000
     batchers = {
-        TRITON: Batcher(chosen[TRITON], upstream, max_delay_s=delay_s, senders=settings.batch_senders),
+        TRITON: Batcher(chosen[TRITON], upstream, max_delay_s=delay_s, senders=TRITON_SENDERS),
         # In-process torch already uses every core for one batch: one sender.
         LEGACY: Batcher(chosen[LEGACY], upstream, max_delay_s=delay_s, senders=1),
     }
-    triton_check = SharedCheck(chosen[TRITON].ready, deadline_s=settings.readiness_timeout_s)
+    triton_check = SharedCheck(chosen[TRITON].ready)
 
     def triton_healthy() -> bool:  # the breaker's watcher: Triton answered a check made for it
         checked = triton_check()
         return checked.fresh and checked.readiness.ready
 
-    breaker = CircuitBreaker(TRITON, failures=settings.breaker_failures, reset_s=settings.breaker_reset_s,
-                             health=triton_healthy)
-    shadow = ShadowRunner(batchers[TRITON], breaker, max_inflight=settings.shadow_max_inflight,
-                          timeout_s=settings.shadow_timeout_s, tolerance=settings.shadow_tolerance,
-                          top_k=served.top_k, logs_per_minute=settings.shadow_log_per_minute, scores=scores)
-    initial = TrafficState(mode=settings.mode, canary_percent=settings.canary_percent,
-                           shadow_percent=settings.shadow_percent)
-    flag = TrafficFlag(settings.flag_file, initial, poll_s=settings.flag_poll_s, legacy_lacks=legacy_lacks)
-    rollback = AutoRollback(flag, error_rate=settings.rollback_error_rate, window_s=settings.rollback_window_s,
-                            min_requests=settings.rollback_min_requests) if settings.auto_rollback else None
-    admission = Admission(max_pending=settings.max_pending, slots=settings.decode_slots,
-                          retry_after_s=settings.retry_after_s)
+    breaker = CircuitBreaker(TRITON, health=triton_healthy)
+    # A shadow call waits on Triton as long as a client's request would, never longer.
+    shadow = ShadowRunner(batchers[TRITON], breaker, top_k=served.top_k, timeout_s=settings.triton_timeout_s,
+                          scores=scores)
+    flag = TrafficFlag(settings.flag_file, TrafficState(mode=settings.mode), legacy_lacks=legacy_lacks)
+    rollback = AutoRollback(flag) if settings.auto_rollback else None
+    admission = Admission(max_pending=settings.max_pending)
+    # A fallback decode for the legacy backend takes a decode turn like any other (the decode bound).
     router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=settings.fallback,
                     timeout_s=settings.triton_timeout_s, rollback=rollback, triton_check=triton_check,
                     turn=admission.turn)
     if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
         chosen[LEGACY].start()  # load now, in the background, rather than on the first request
-    capture = Capture(settings.capture_dir, per_minute=settings.capture_per_minute,
-                      max_bytes=int(settings.capture_max_mb * 1024 * 1024)) if settings.capture_dir else None
+    capture = Capture(settings.capture_dir) if settings.capture_dir else None
     service = PredictService(model_name=served.name, spec=served.spec, labels=served.labels, top_k=served.top_k,
                              router=router, upstream=upstream, admission=admission, capture=capture, scores=scores)
     return Shim(settings=settings, service=service, router=router, admission=admission)

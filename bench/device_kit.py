@@ -510,7 +510,7 @@ def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan, results: Results)
     shims = {}  # every transport's shim starts at once (they idle while another is measured)
     for transport in TRANSPORTS:
         env = {"SHIM_TRITON_URL": triton.http_url, "SHIM_MODE": "triton", "SHIM_TRANSPORT": transport,
-               "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"), "SHIM_WORKERS": str(plan.shim_workers),
+               "SHIM_MODEL_REPOSITORY": str(repo), "SHIM_WORKERS": str(plan.shim_workers),
                "SHIM_LOG_LEVEL": "WARNING"}
         shims[transport] = launch.start_shim(work / "logs", env)
     with LoadGenerator(plan.loadgen_processes) as loadgen:

@@ -139,7 +139,7 @@ def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers
     from devstack import launch
 
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
-           "SHIM_LABELS_PATH": str(labels), **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
+           **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
     print(f"starting the shim (SHIM_TRANSPORT={transport}, {workers} workers x {threads} threads) ...", flush=True)
     served = launch.start_shim(out / "logs", env)
     try:
@@ -162,8 +162,7 @@ def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
 
 
 def reported_transport(url: str) -> str:
-    """What the shim says it uses: /readyz's "transport", else "unknown" (a shim from before transports
-    existed, e.g. the "before" worktree, ignores SHIM_TRANSPORT)."""
+    """What the shim says it uses: /readyz's "transport", "unknown" when /readyz does not answer."""
     import urllib.error
     import urllib.request
 
@@ -382,8 +381,6 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
     if usable <= 4:
         notes.append(f"Only {usable} CPU cores: the load generator, the server under test and Triton share them; "
                      "read ratios measured in one run, not absolutes.")
-    notes.append("A shim that does not know SHIM_TRANSPORT ignores it: its rows then all run its one transport, "
-                 "and 'reports' says unknown.")
     report = {
         "mode": "frontend",
         "command": command,

@@ -4,14 +4,14 @@ What the limits let one worker hold at once (README "Scale out on Kubernetes", t
 
 * SHIM_MAX_PENDING /predict requests, each with a body of SHIM_MAX_UPLOAD_MB: behind nginx, the pod's
   PROXY_MAX_INFLIGHT (= SHIM_MAX_PENDING) complete uploads may all go to one worker;
-* SHIM_DECODE_SLOTS of them decoding an image of SHIM_MAX_IMAGE_PIXELS at once;
+* app.admission.DECODE_SLOTS of them decoding an image of app.preprocess.MAX_IMAGE_PIXELS at once;
 * the legacy model loaded (SHIM_MODE=shadow: legacy answers every request, Triton is called beside it).
 
 This starts the wheel's Triton (the near-free stand-in repository: Triton's memory is not the question), the
 shim under gunicorn with ONE worker, the settings at their defaults (or as SHIM_* variables in this
 environment set them: `SHIM_MAX_PENDING=16 python -m bench --memory`) but for the mode and
 SHIM_PROXY_LOG_ADDRESS (so that the process counting nginx's answers is there too), and sends
-SHIM_MAX_PENDING uploads at once, each a JPEG of SHIM_MAX_IMAGE_PIXELS pixels padded to just under the upload
+SHIM_MAX_PENDING uploads at once, each a JPEG of MAX_IMAGE_PIXELS pixels padded to just under the upload
 limit, several rounds. SHIM_TRITON_TIMEOUT_S is 120 s here: at its 10 s a request still queued behind the
 decodes would get its 504 and leave, ending the worst case early. --uploads, --pixels and --upload-mb send
 other uploads under the same limits, to see what each part costs.
@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.admission import DECODE_SLOTS
+from app.preprocess import MAX_IMAGE_PIXELS
 from bench.stack import ROOT, start_triton
 from devstack import launch
 
@@ -107,15 +109,15 @@ def main(args: argparse.Namespace) -> int:
     given = {k: v for k, v in os.environ.items() if k.startswith("SHIM_")}
     settings = Settings.from_env(given)
     uploads = args.uploads or settings.max_pending
-    pixels = args.pixels or settings.max_image_pixels
+    pixels = args.pixels or MAX_IMAGE_PIXELS
     upload_bytes = int(args.upload_mb * 2**20) if args.upload_mb else settings.max_upload_bytes
-    legacy_model = args.model_pt or ROOT / "triton_repo" / "resnet50" / "1" / "model.pt"
+    legacy_model = ROOT / "triton_repo" / "resnet50" / "1" / "model.pt"  # what its model.toml names
     if not legacy_model.is_file():
         raise SystemExit(f"{legacy_model} is missing: run `make export` (the legacy model is part of the worst case)")
     repo = write_standin_repo(work / "standin_repo")
     triton = start_triton(repo, work / "triton")
-    env = {**given, "SHIM_TRITON_URL": triton.http_url, "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"),
-           "SHIM_MODE": given.get("SHIM_MODE", "shadow"), "SHIM_LEGACY_MODEL_PATH": str(legacy_model),
+    env = {**given, "SHIM_TRITON_URL": triton.http_url,  # triton_repo's model.toml: labels, legacy model
+           "SHIM_MODE": given.get("SHIM_MODE", "shadow"),
            "SHIM_WORKERS": "1", "SHIM_PROXY_LOG_ADDRESS": f"127.0.0.1:{free_udp_port()}",
            "SHIM_TRITON_TIMEOUT_S": "120"}
     shim = launch.start_shim(work, env)
@@ -127,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
         idle = status_kib(worker, "VmRSS")
         body = multipart(worst_image(pixels, upload_bytes))
         print(f"memory: {uploads} uploads of {len(body) / 2**20:.1f} MiB at once, each a {pixels / 1e6:.1f} MP "
-              f"JPEG; SHIM_MAX_PENDING {settings.max_pending}, SHIM_DECODE_SLOTS {settings.decode_slots}; "
+              f"JPEG; SHIM_MAX_PENDING {settings.max_pending}, decode slots {DECODE_SLOTS}; "
               f"SHIM_MODE={env['SHIM_MODE']} (legacy model {legacy_model.name}, "
               f"{legacy_model.stat().st_size / 2**20:.0f} MiB, loaded in legacy, shadow and canary)",
               flush=True)
@@ -172,6 +174,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="rounds of SHIM_MAX_PENDING uploads at once (default 2)")
     p.add_argument("--model-pt", type=Path, help="the legacy model (default triton_repo/resnet50/1/model.pt)")
     p.add_argument("--uploads", type=int, help="uploads at once (default SHIM_MAX_PENDING)")
-    p.add_argument("--pixels", type=int, help="pixels of each upload's image (default SHIM_MAX_IMAGE_PIXELS)")
+    p.add_argument("--pixels", type=int, help="pixels of each upload's image (default app.preprocess.MAX_IMAGE_PIXELS)")
     p.add_argument("--upload-mb", type=float, help="each upload's size (default SHIM_MAX_UPLOAD_MB)")
     return p.parse_args(argv)

@@ -167,7 +167,7 @@ def main() -> int:
     triton = stack.start_triton(args.repo, work / "triton")
     shim = launch.start_shim(work, {"SHIM_TRITON_URL": triton.http_url,
                                     "SHIM_LOG_LEVEL": "WARNING",
-                                    "SHIM_LABELS_PATH": str(args.repo / "resnet50" / "labels.txt")})
+                                    "SHIM_MODEL_REPOSITORY": str(args.repo)})
     try:
         shim.wait("/readyz")
         print("2/3 concurrency 1, shim and direct interleaved ...", flush=True)

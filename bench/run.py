@@ -96,8 +96,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help=f"the shim's gunicorn workers (default: the shim's own, {stack.shim_default('workers')})")
     p.add_argument("--shim-threads", type=int,
                    help=f"threads per shim worker (default: the shim's own, {stack.shim_default('threads')}); "
-                        f"below {stack.shim_default('max_pending') + 2}, SHIM_MAX_PENDING becomes threads - 2 per "
-                        "worker, and clients beyond all workers' bound get 503s, counted as errors")
+                        "SHIM_MAX_PENDING becomes threads - 8 per worker (the shim keeps 8 spare threads), and "
+                        "clients beyond all workers' bound get 503s, counted as errors")
     p.add_argument("--loadgen-processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                    help="load generator processes sharing the clients (default: cores / 4, from 1 to 4)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
@@ -429,9 +429,9 @@ def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: st
 
     repository = {"SHIM_MODEL_REPOSITORY": str(run.args.model_repository)} if run.args.model_repository else {}
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": run.args.model_name,
-           "SHIM_LABELS_PATH": str(labels), "SHIM_LEGACY_MODEL_PATH": str(model_pt), **repository,
+           **repository,  # the model.toml there names the labels and the legacy model
            **stack.shim_layout(run.args.shim_workers, run.args.shim_threads), **settings}
-    shown = ", ".join(f"{k}={v}" for k, v in env.items() if k not in ("SHIM_LABELS_PATH", "SHIM_LEGACY_MODEL_PATH"))
+    shown = ", ".join(f"{k}={v}" for k, v in env.items())
     print(f"starting the shim ({shown}) ...", flush=True)
     served = launch.start_shim(run.logs, env)
     try:

@@ -54,17 +54,19 @@ def shim_default(name: str) -> Any:
 
     from app.settings import Settings
 
+    if name == "threads":  # derived from the admission bound
+        return Settings().threads
+
     return next(f.default for f in dataclasses.fields(Settings) if f.name == name)
 
 
 def shim_layout(workers: int, threads: int) -> dict[str, str]:
-    """SHIM_* settings for a shim with these workers and threads. Below the default threads, the admission
-    bound drops to threads - 2 per worker (the shim refuses to start otherwise: health checks need 2 free
-    threads), so that a layout with fewer threads than clients answers the excess with 503s."""
-    env = {"SHIM_WORKERS": str(workers), "SHIM_THREADS": str(threads)}
-    if threads < shim_default("max_pending") + 2:
-        env["SHIM_MAX_PENDING"] = str(max(1, threads - 2))
-    return env
+    """SHIM_* settings for a shim with these workers and threads: the shim's threads are its admission bound
+    (SHIM_MAX_PENDING) + SPARE_THREADS, so the bound is threads - SPARE_THREADS (at least 1), and a layout with
+    fewer threads than clients answers the excess with 503s."""
+    from app.settings import SPARE_THREADS
+
+    return {"SHIM_WORKERS": str(workers), "SHIM_MAX_PENDING": str(max(1, threads - SPARE_THREADS))}
 
 
 # -- the model -----------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def start_shim(log_dir: Path, env: dict[str, str], port: int | None = None) -> S
     """
     port = port or free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SHIM_") and k != "PROMETHEUS_MULTIPROC_DIR"}
-    full = {**clean, "SHIM_HOST": "127.0.0.1", "SHIM_PORT": str(port), **env}
+    full = {**clean, "SHIM_PORT": str(port), **env}
     cmd = [sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"]
     return ServedApp("shim", cmd, full, port, log_dir / f"shim-{port}.log")
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Self
 
+from app.settings import ADMIN_KEY  # the shim's own check of the key: Triton's flag syntax
 from devstack.cpu_repo import check_model_files, sync_cpu_repo
 from devstack.errors import EmbeddedTritonError
 from devstack.waiting import WaitTimeout, wait_for_http
@@ -28,7 +29,6 @@ log = logging.getLogger("embedded_triton")
 # The APIs an admin key restricts: load/unload, shared memory, tracing and logging settings. Inference,
 # health, metadata, model configs and statistics stay open (the shim and Prometheus need no key for them).
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
-_ADMIN_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{16,}$")  # Triton's flag syntax leaves no room for , : = or spaces
 # Error lines that a Triton without GPU always prints; they hide the real cause of a failed start.
 HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream",
             # nvImageCodec (resnet50_decode) names the GPU codecs it cannot load; its CPU decoder still works
@@ -64,7 +64,7 @@ class EmbeddedTritonConfig:
         ports = [self.http_port, self.grpc_port, self.metrics_port]
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
             raise EmbeddedTritonError(f"HTTP, gRPC and metrics ports must be three distinct ports, got {ports}")
-        if self.admin_key and not _ADMIN_KEY.match(self.admin_key):
+        if self.admin_key and not ADMIN_KEY.match(self.admin_key):
             raise EmbeddedTritonError("the admin key must be at least 16 characters of letters, digits and ._~+/- "
                                       "(e.g. openssl rand -hex 16)")
         if not re.fullmatch(r"[A-Za-z0-9-]+", self.admin_header):

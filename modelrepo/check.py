@@ -348,11 +348,11 @@ class Result:
 
 
 def compare(transform: Callable[[Any], Any], description: ModelDescription,
-            images: list[tuple[str, bytes]], *, max_pixels: int = 40_000_000) -> list[Compared]:
+            images: list[tuple[str, bytes]]) -> list[Compared]:
     """Every image both ways: the legacy tensor against the shim's, through `description`."""
     from PIL import Image
 
-    spec = description.spec(max_pixels)
+    spec = description.spec()
     compared = []
     for name, data in images:
         try:
@@ -376,9 +376,8 @@ def compare(transform: Callable[[Any], Any], description: ModelDescription,
     return compared
 
 
-def _passes(transform: Callable[[Any], Any], description: ModelDescription, images: list[tuple[str, bytes]],
-            max_pixels: int) -> bool:
-    compared = compare(transform, description, images, max_pixels=max_pixels)
+def _passes(transform: Callable[[Any], Any], description: ModelDescription, images: list[tuple[str, bytes]]) -> bool:
+    compared = compare(transform, description, images)
     return all(c.max_diff is not None and c.max_diff <= description.tolerance for c in compared)
 
 
@@ -396,13 +395,13 @@ def _with(description: ModelDescription, changes: dict[str, Any]) -> ModelDescri
 
 
 def check(transform: Callable[[Any], Any], description: ModelDescription,
-          images: Iterable[tuple[str, bytes]], *, max_pixels: int = 40_000_000) -> Result:
+          images: Iterable[tuple[str, bytes]]) -> Result:
     """The transform read step by step, then every image both ways; when it fails, advice only where the check,
     run again with it, passes."""
     images = list(images)
     implied = read_transform(transform)
     diffs = differences(implied, description)
-    result = Result(implied, diffs, compare(transform, description, images, max_pixels=max_pixels),
+    result = Result(implied, diffs, compare(transform, description, images),
                     tolerance=description.tolerance, description=str(description.path))
     if result.passed:
         return result
@@ -418,7 +417,7 @@ def check(transform: Callable[[Any], Any], description: ModelDescription,
         if isinstance(candidate, str):
             result.no_advice = f"the transform's values are not a valid description: {candidate}"
             continue
-        if _passes(transform, candidate, images, max_pixels):
+        if _passes(transform, candidate, images):
             result.advice = [f"{key} = {_toml(value)}" for key, value in changes.items()]
             return result
     result.no_advice = result.no_advice or ("no value of the description's fields was found that makes every "

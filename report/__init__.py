@@ -2,9 +2,8 @@
 the answers, judge them against thresholds and write a report a change request can carry.
 
     python -m report IMAGES --triton-url HOST:8000 --legacy-model model.pt --labels labels.txt
-    python -m report IMAGES --shim-url http://HOST:5000      # a shim started with SHIM_OVERRIDE_HEADER=true
 
-Modules, in the order a run uses them: replay (the two ways to get answers), compare (per-image metrics and
+Modules, in the order a run uses them: replay (the shim's two backends, in this process), compare (per-image metrics and
 the run's summary), verdict (thresholds -> GO / NO-GO), svg (the plots), render (Markdown, HTML, CSV).
 Exit codes: 0 GO, 1 NO-GO, 2 no verdict (a usage error: bad arguments, no readable image, an endpoint
 that does not answer at the start).

@@ -1,4 +1,4 @@
-"""python -m report IMAGES [--shim-url URL | --triton-url HOST:PORT --legacy-model PT --labels TXT] [--out DIR]
+"""shim-report IMAGES [--triton-url HOST:PORT --legacy-model PT --labels TXT] [--out DIR]
 
 Replays every file under IMAGES through the legacy path and the Triton path, writes report.md,
 report.html and results.csv into --out, prints the path of report.md, and exits 0 for GO, 1 for NO-GO,
@@ -22,7 +22,7 @@ from app.settings import TRANSPORTS, Settings
 from report import EXIT_GO, EXIT_NO_GO, EXIT_USAGE
 from report.compare import Outcome, summarize
 from report.render import Report, write
-from report.replay import InProcess, Source, ThroughShim, Unusable, find_files, first_image, replay, warm_up
+from report.replay import InProcess, Source, Unusable, find_files, first_image, replay, warm_up
 from report.verdict import Thresholds, judge, percent
 
 PROG = "python -m report"
@@ -49,30 +49,25 @@ def parser() -> argparse.ArgumentParser:
         description="Before a step of the ramp: replay a folder of images through the legacy path and the Triton "
                     "path, compare the answers, and judge them: GO (exit 0) or NO-GO (exit 1); 2 when no verdict "
                     "could be given (bad arguments, no image, an endpoint that does not answer).",
-        epilog="in-process defaults come from the shim's own SHIM_* settings (SHIM_TRITON_URL, SHIM_LEGACY_MODEL_PATH, "
-               "SHIM_LABELS_PATH, SHIM_TRANSPORT, SHIM_MODEL_NAME, SHIM_MODEL_REPOSITORY, SHIM_MODEL_VERSION, "
-               "SHIM_TOP_K), so that the "
-               "command runs as-is inside the shim's image.")
+        epilog="in-process defaults come from the shim's own SHIM_* settings (SHIM_TRITON_URL, SHIM_TRANSPORT, "
+               "SHIM_MODEL_NAME, SHIM_MODEL_REPOSITORY, SHIM_MODEL_VERSION) and the model's model.toml (labels, "
+               "legacy model, top_k), so that the command runs as-is inside the shim's image.")
     p.add_argument("images", type=Path, help="a folder of images (searched recursively; a capture works as is)")
     p.add_argument("--out", type=Path, help="where report.md, report.html and results.csv go "
                                             "(default: report-<UTC time> in the current folder)")
-    src = p.add_argument_group("a running shim (started with SHIM_OVERRIDE_HEADER=true)")
-    src.add_argument("--shim-url", help="e.g. http://127.0.0.1:5000: each image is POSTed to /predict twice, with "
-                                        "X-Shim-Backend: legacy and X-Shim-Backend: triton")
-    own = p.add_argument_group("or both backends in this process (the default)")
+    own = p.add_argument_group("both backends in this process")
     own.add_argument("--triton-url", help="Triton's HTTP host:port (default: SHIM_TRITON_URL)")
-    own.add_argument("--legacy-model", type=Path, help="the TorchScript file (default: SHIM_LEGACY_MODEL_PATH)")
-    own.add_argument("--labels", type=Path, help="the labels file (default: SHIM_LABELS_PATH)")
+    own.add_argument("--legacy-model", type=Path, help="the TorchScript file (default: the model.toml's)")
+    own.add_argument("--labels", type=Path, help="the labels file (default: the model.toml's)")
     own.add_argument("--transport", choices=TRANSPORTS, help="how tensors travel to Triton (default: SHIM_TRANSPORT)")
     own.add_argument("--model", help="Triton's model name (default: SHIM_MODEL_NAME)")
     own.add_argument("--model-repository", type=Path,
                      help="where <model>/model.toml, the model's description, is (default: SHIM_MODEL_REPOSITORY)")
     own.add_argument("--model-version", help="Triton's model version (default: SHIM_MODEL_VERSION, the served one)")
-    own.add_argument("--top-k", type=int, help="classes compared per answer (default: SHIM_TOP_K)")
+    own.add_argument("--top-k", type=int, help="classes compared per answer (default: the model.toml's top_k)")
     run = p.add_argument_group("the run")
     run.add_argument("--concurrency", type=int, default=1, help="images in flight at once (default 1)")
-    run.add_argument("--timeout", type=float, help="seconds one call may take (default: SHIM_TRITON_TIMEOUT_S "
-                                                   "in-process, 60 through a shim)")
+    run.add_argument("--timeout", type=float, help="seconds one call may take (default: SHIM_TRITON_TIMEOUT_S)")
     run.add_argument("--warm-up", type=int, default=3, help="uncounted calls per backend before the run (default 3)")
     run.add_argument("--verbose", action="store_true", help="log the backends' INFO lines on stderr")
     gate = p.add_argument_group("thresholds of the verdict (every one must hold for GO)")
@@ -119,16 +114,9 @@ class Progress:
 
 
 def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> Source:
-    if args.shim_url:
-        given = [f"--{n.replace('_', '-')}" for n in ("triton_url", "legacy_model", "labels", "transport", "model",
-                                                      "model_version", "top_k", "model_repository")
-                 if getattr(args, n) is not None]
-        if given:
-            p.error(f"--shim-url compares the shim's own backends: {', '.join(given)} cannot go with it")
-        return ThroughShim(args.shim_url, timeout_s=args.timeout or 60.0)
-    overrides = {"triton_url": args.triton_url, "legacy_model_path": args.legacy_model, "labels_path": args.labels,
-                 "transport": args.transport, "model_name": args.model, "model_version": args.model_version,
-                 "triton_timeout_s": args.timeout, "model_repository": args.model_repository}
+    overrides = {"triton_url": args.triton_url, "transport": args.transport, "model_name": args.model,
+                 "model_version": args.model_version, "triton_timeout_s": args.timeout,
+                 "model_repository": args.model_repository}
     try:
         settings = Settings.from_env(**{k: v for k, v in overrides.items() if v is not None})
     except SettingsError as e:
@@ -139,7 +127,7 @@ def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> Source:
         p.error(message)
     if args.top_k is not None and args.top_k < 1:
         p.error("--top-k must be at least 1")
-    return InProcess(settings, k=args.top_k)
+    return InProcess(settings, k=args.top_k, legacy_model=args.legacy_model, labels=args.labels)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

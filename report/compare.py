@@ -4,7 +4,7 @@ Two kinds of answers, two comparisons with the same three numbers:
     logits (in-process)   app.shadow.compare, as shadow mode judges live traffic: top-1, the share of
                           legacy's top-k that Triton's top-k holds, the largest difference of any class's
                           probability
-    top-k (through a shim) what the contract answers: top-1, the same overlap, and the largest difference
+    top-k                  what the contract answers: top-1, the same overlap, and the largest difference
                           among the scores both lists hold; a class only one list holds counts with the
                           least its difference can be (its score minus the other list's lowest score)
 """

@@ -1,11 +1,9 @@
-"""Every image through the legacy path and the Triton path: two ways to get the answers, one runner.
+"""Every image through the legacy path and the Triton path, one runner.
 
     InProcess   the shim's own LegacyBackend and TritonBackend in this process, one image per call
                 (batch size 1: a latency is one image's, never a batch's share); full logits. With
                 --transport encoded, Triton gets each upload's bytes as the shim would forward them
                 (app/sniff.py), and decodes them itself
-    ThroughShim a running shim that honours X-Shim-Backend (SHIM_OVERRIDE_HEADER=true): each image is POSTed
-                to /predict twice as the legacy contract's multipart upload; the contract's top-k
 
 Both decode every file with the shim's own rules first: a file that is not an image the shim reads is a
 skipped input, not a backend error. Each image asks the two backends one after the other, in alternating
@@ -17,6 +15,7 @@ stops with `Unusable` (exit 2) before any image is counted.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.client
 import importlib
@@ -27,7 +26,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -37,11 +35,11 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from app.contract import IMAGE_FIELD, Prediction
-from app.description import resolve
+from app.description import check_labels, read_labels, resolve
 from app.errors import ShimError
 from app.images import Upload
 from app.preprocess import ImageSpec
+from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
 from app.scores import SCORE_FUNCTIONS, softmax
 from app.service import top_k
 from app.settings import Settings, SettingsError
@@ -186,38 +184,45 @@ def _replay_one(source: Source, index: int, name: str, path: Path) -> Outcome:
 class InProcess:
     """The shim's own backends, built from its settings (SHIM_*), in this process."""
 
-    def __init__(self, settings: Settings, *, k: int | None = None, legacy_load_timeout_s: float = 300) -> None:
+    def __init__(self, settings: Settings, *, k: int | None = None, legacy_model: Path | None = None,
+                 labels: Path | None = None, legacy_load_timeout_s: float = 300) -> None:
         from app.backends.legacy import LegacyBackend
         from app.wiring import triton_backend
 
         self.settings = settings
         try:  # the model's description: its preprocessing, labels, scores and top-k, as the shim has them
             self.served = resolve(settings)
+            if labels is not None:
+                read = read_labels(labels)
+                check_labels(self.served.description, read, labels)
+                self.served = dataclasses.replace(self.served, labels=read, labels_path=labels)
         except SettingsError as e:
-            raise Unusable(f"{e} (--model-repository, --model, --labels, --legacy-model or their SHIM_* settings)") \
+            raise Unusable(f"{e} (--model-repository, --model, --labels or their SHIM_* settings)") \
                 from None
+        if legacy_model is not None:
+            self.served = dataclasses.replace(self.served, legacy_model_path=legacy_model)
         description = self.served.description
         self.spec = self.served.spec
         self.labels = self.served.labels
         self.scores = SCORE_FUNCTIONS[description.scores]
         self.k = k if k is not None else self.served.top_k
         if not self.served.legacy_model_path.is_file():
-            raise Unusable(f"legacy model {self.served.legacy_model_path} does not exist (--legacy-model or "
-                           "SHIM_LEGACY_MODEL_PATH)")
+            raise Unusable(f"legacy model {self.served.legacy_model_path} does not exist (--legacy-model, or "
+                           "make export)")
         if self.k > len(self.labels):
             raise Unusable(f"--top-k {self.k} is more than the {len(self.labels)} classes of {self.served.labels_path}")
-        self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=settings.legacy_threads,
+        self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=0,
                                     max_batch_size=1, image_shape=self.spec.shape,
                                     load_timeout_s=legacy_load_timeout_s, classes=description.classes)
         self.triton = triton_backend(settings, self.served, max_batch_size=1)
         self._triton_info = ""
 
     def check(self) -> None:
-        state = self.triton.ready()  # within about SHIM_READINESS_TIMEOUT_S, however Triton is down
+        state = self.triton.ready()  # within about READINESS_DEADLINE_S, however Triton is down
         if not state.ready:
             raise Unusable(f"Triton cannot be used: {state.detail}")
         self._triton_info = triton_info(self.settings.triton_host_port, self.settings.model_name,
-                                        timeout_s=self.settings.readiness_timeout_s + 2)
+                                        timeout_s=READINESS_DEADLINE_S + 2)
         self.legacy.start()  # torch loads in the background while the first image decodes
 
     def warm_up(self, image: Loaded) -> None:
@@ -300,161 +305,3 @@ def _get_json(url: str, timeout_s: float) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ValueError(f"{url} answered {type(body).__name__}, not a JSON object")
     return body
-
-
-# -- through a running shim ------------------------------------------------------------------------------------
-
-class ThroughShim:
-    """A running shim: each image POSTed twice, with X-Shim-Backend: legacy and then triton (or the other way)."""
-
-    def __init__(self, url: str, *, timeout_s: float, spec: ImageSpec | None = None) -> None:
-        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise Unusable(f"--shim-url {url!r} is not an http(s)://host:port URL")
-        self.url = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
-        self._https = parts.scheme == "https"
-        self._host, self._port, self._path = parts.hostname, parts.port, parts.path.rstrip("/")
-        self.spec = spec or ImageSpec()
-        self._timeout_s = timeout_s
-        self._local = threading.local()
-        self._connections: list[http.client.HTTPConnection] = []
-        self._lock = threading.Lock()
-        self._ready: dict[str, Any] = {}
-        self._seen_k = 0
-
-    @property
-    def k(self) -> int:
-        return self._seen_k  # the shim's SHIM_TOP_K, as its answers show it
-
-    def check(self) -> None:
-        try:
-            status, _, body = self._request("GET", "/readyz")
-        except (OSError, http.client.HTTPException) as e:
-            raise Unusable(f"the shim at {self.url} does not answer: {type(e).__name__}: {e}") from None
-        try:
-            self._ready = json.loads(body)
-        except ValueError:
-            raise Unusable(f"{self.url}/readyz answered {status} without the shim's JSON: is it the shim?") from None
-        if status != 200:
-            details = "; ".join(f"{name}: {b.get('detail', '?')}" for name, b in self._backends().items())
-            raise Unusable(f"the shim at {self.url} is not ready ({status}): {details or body[:200]!r}")
-
-    def warm_up(self, image: Loaded) -> None:
-        for backend in BACKENDS:
-            reply = self._ask_while_loading(image) if backend == LEGACY else self.ask(backend, image)
-            if reply.answer.error and reply.answer.error.startswith("fallback"):
-                mode = str(self._ready.get("mode", "?"))
-                if mode in ("legacy", "shadow"):  # an honoured override sends a triton request to Triton
-                    raise Unusable(self._ignored(TRITON, LEGACY))
-                raise Unusable(f"the shim at {self.url} answered a request for triton from legacy (mode {mode}): "
-                               "Triton fails behind it and it fell back")
-            if not reply.answer.ok:
-                raise Unusable(f"the {backend} path of the shim at {self.url} does not answer: {reply.answer.error}")
-
-    def _ask_while_loading(self, image: Loaded) -> Reply:
-        """Ask legacy again while it answers 503 or 504, for up to LOAD_ALLOWANCE_S: a shim in triton mode loads its
-        legacy model on the first request routed to it, and that request may time out (504) meanwhile."""
-        deadline = time.monotonic() + LOAD_ALLOWANCE_S
-        while True:
-            reply = self.ask(LEGACY, image)
-            error = reply.answer.error or ""
-            if not error.startswith(("503 ", "504 ")) or time.monotonic() >= deadline:
-                return reply
-            time.sleep(1.0)
-
-    def ask(self, backend: str, image: Loaded) -> Reply:
-        boundary = uuid.uuid4().hex
-        suffix = "".join(c for c in Path(image.name).suffix if c.isalnum() or c == ".")[:10]
-        body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{IMAGE_FIELD}\"; "
-                f"filename=\"image{suffix}\"\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
-        body += image.data + f"\r\n--{boundary}--\r\n".encode()
-        headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", BACKEND_HEADER: backend,
-                   "X-Request-ID": f"report-{image.index}-{backend}"}
-        started = time.perf_counter()
-        try:
-            status, answered_by, raw = self._request("POST", "/predict", body, headers)
-        except (OSError, http.client.HTTPException) as e:
-            return Reply(Answer(backend, time.perf_counter() - started,
-                                error=f"no answer from the shim: {type(e).__name__}: {e}"))
-        seconds = time.perf_counter() - started
-        if answered_by is None:
-            raise Unusable(f"{self.url}/predict answers without an {BACKEND_HEADER} header: is it the shim "
-                           "(and not the legacy app)?")
-        if backend == LEGACY and answered_by == TRITON:
-            raise Unusable(self._ignored(LEGACY, TRITON))
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            return Reply(Answer(backend, seconds, error=f"{status} with a body that is not JSON: {raw[:80]!r}"))
-        if status != 200:
-            code, message = parsed.get("error", "?"), parsed.get("message", "")
-            refused = f"{status} {code}: {message}" if code in INPUT_REFUSALS else None
-            return Reply(Answer(backend, seconds, error=f"{status} {code}: {message}"), refused=refused)
-        if backend == TRITON and answered_by != TRITON:
-            return Reply(Answer(backend, seconds, error=f"fallback: {answered_by} answered a request for triton"))
-        try:
-            top = tuple(Prediction(str(p["label"]), int(p["class_id"]), float(p["score"]))
-                        for p in parsed["predictions"])
-        except (KeyError, TypeError, ValueError) as e:
-            return Reply(Answer(backend, seconds, error=f"an answer outside the contract ({e!r}): {raw[:80]!r}"))
-        if not top:
-            return Reply(Answer(backend, seconds, error="an answer with no predictions"))
-        self._seen_k = max(self._seen_k, len(top))
-        return Reply(Answer(backend, seconds, top))
-
-    def describe(self) -> list[tuple[str, str]]:
-        rows = [("Source", f"a running shim at {self.url}: each image POSTed to /predict twice, with "
-                           f"{BACKEND_HEADER}: legacy and {BACKEND_HEADER}: triton; times are whole HTTP round "
-                           "trips (upload, the shim's decode and preprocess, its batcher, the backend)"),
-                ("Shim", f"mode {self._ready.get('mode', '?')}, transport {self._ready.get('transport') or 'n/a'}; "
-                         f"top-{self._seen_k or '?'} answers compared")]
-        rows += [(f"Shim's {name}", str(b.get("detail", "?"))) for name, b in self._backends().items()]
-        return rows
-
-    def close(self) -> None:
-        with self._lock:
-            connections, self._connections = self._connections, []
-        for connection in connections:
-            connection.close()
-
-    def _ignored(self, asked: str, answered: str) -> str:
-        return (f"the shim at {self.url} answered a request for {asked} from {answered}: it ignores the "
-                f"{BACKEND_HEADER} header; start it with SHIM_OVERRIDE_HEADER=true to compare its backends")
-
-    def _backends(self) -> dict[str, dict[str, Any]]:
-        backends = self._ready.get("backends")
-        return {str(k): v for k, v in backends.items() if isinstance(v, dict)} if isinstance(backends, dict) else {}
-
-    def _request(self, method: str, path: str, body: bytes | None = None,
-                 headers: dict[str, str] | None = None) -> tuple[int, str | None, bytes]:
-        """One request on this thread's keep-alive connection: status, X-Shim-Backend, body."""
-        connection = self._connection()
-        try:
-            connection.request(method, self._path + path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            raw = response.read()
-        except (OSError, http.client.HTTPException):
-            self._drop()
-            raise
-        if response.will_close:
-            self._drop()
-        return response.status, response.getheader(BACKEND_HEADER), raw
-
-    def _connection(self) -> http.client.HTTPConnection:
-        connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
-        if connection is None:
-            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            connection = kind(self._host, self._port, timeout=self._timeout_s)
-            self._local.connection = connection
-            with self._lock:
-                self._connections.append(connection)
-        return connection
-
-    def _drop(self) -> None:
-        connection = getattr(self._local, "connection", None)
-        self._local.connection = None
-        if connection is not None:
-            connection.close()
-            with self._lock:
-                if connection in self._connections:
-                    self._connections.remove(connection)

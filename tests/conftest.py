@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -279,12 +281,23 @@ def reference_model(test_model_pt: Path) -> object:
 
 
 def start_shim(tmp: Path, *, triton_url: str, repo: Path, model_pt: Path, **settings: object) -> ServedApp:
-    """The shim under gunicorn, as `make run` starts it (2 workers, its default threads) unless told otherwise."""
-    env = {"SHIM_TRITON_URL": triton_url, "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"),
-           "SHIM_LEGACY_MODEL_PATH": str(model_pt), "SHIM_WORKERS": "2",
+    """The shim under gunicorn, as `make run` starts it (2 workers, its default threads) unless told otherwise;
+    `repo` holds `model_pt` as resnet50 version 1 (make_test_repo), the legacy model its model.toml names."""
+    assert (repo / "resnet50" / "1" / "model.pt").resolve() == model_pt.resolve()
+    env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODEL_REPOSITORY": str(repo), "SHIM_WORKERS": "2",
            "SHIM_TRITON_TIMEOUT_S": "10"}
     env.update({f"SHIM_{k.upper()}": str(v) for k, v in settings.items()})
     return launch.start_shim(tmp, env)
+
+
+def shim_traffic(flag_file: Path, repo: Path, *args: str, model_name: str = "resnet50") -> str:
+    """The shim-traffic command, run as an operator runs it beside a shim with this flag file; its output."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SHIM_FLAG_FILE": str(flag_file),
+           "SHIM_MODEL_REPOSITORY": str(repo), "SHIM_MODEL_NAME": model_name}
+    done = subprocess.run([sys.executable, "-c", "from app.traffic import main; raise SystemExit(main())", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def start_legacy_app(tmp: Path, *, repo: Path, model_pt: Path) -> ServedApp:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -149,3 +150,27 @@ def image(value: float) -> Upload:
 def write_labels(path: Path) -> Path:
     path.write_text("".join(f"class {i}\n" for i in range(CLASSES)))
     return path
+
+
+def write_model_repo(root: Path) -> Path:
+    """A model repository with triton_repo's resnet50 description and CLASSES labels: what the shim reads at start
+    (labels.txt is made by the export, so a fresh clone has none)."""
+    import shutil
+
+    from tests.support import ROOT
+
+    folder = root / "resnet50"
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "triton_repo" / "resnet50" / "model.toml", folder / "model.toml")
+    write_labels(folder / "labels.txt")
+    return root
+
+
+def with_traffic(values: dict[str, Any]) -> dict[str, Any]:
+    """Settings values for a test app; a canary or shadow share in them goes into the flag file, where
+    shim-traffic puts it (it is no setting)."""
+    shares = {k: values.pop(k) for k in ("canary_percent", "shadow_percent") if k in values}
+    if shares:
+        mode = values.get("mode", "triton")
+        values["flag_file"].write_text(json.dumps({"mode": str(mode), **shares}))
+    return values

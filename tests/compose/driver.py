@@ -117,7 +117,7 @@ def compose_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class Stack:
     """docker-compose.yml with the CI override, as one compose project."""
 
-    env: dict[str, str] = field(default_factory=dict)  # e.g. SHIM_ADMIN_TOKEN, interpolated by compose
+    env: dict[str, str] = field(default_factory=dict)  # SHIM_* values compose interpolates
 
     def compose(self, *args: str, timeout: float = 300, check: bool = True,
                 log: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -164,7 +164,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("hostile")
     repo = write_standin_repo(base / "standin_repo")
     triton = start_triton(repo, base / "triton-cache")
-    shim_env = {"SHIM_TRITON_URL": triton.http_url, "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"),
+    shim_env = {"SHIM_TRITON_URL": triton.http_url, "SHIM_MODEL_REPOSITORY": str(repo),
                 "SHIM_MODE": "triton", "SHIM_PROXY_HOPS": "1",
                 "SHIM_PROXY_LOG_ADDRESS": f"127.0.0.1:{proxy.free_udp_port()}"}
     shim = launch.start_shim(base, shim_env)
@@ -173,7 +173,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         shim.wait("/readyz", timeout_s=120)
         pids = worker_pids(shim.process.pid)
-        settings = Settings.from_env({**shim_env, "SHIM_HOST": "127.0.0.1", "SHIM_PORT": str(shim.port)})
+        settings = Settings.from_env({**shim_env, "SHIM_PORT": str(shim.port)})
         front = proxy.Proxy(base / "nginx", f"127.0.0.1:{shim.port}", settings=settings).wait()
         yield Stack(triton, shim, front, settings, encode(photo(640, 480, seed=5)),
                     (front.prefix / "nginx.conf").read_text())

@@ -101,8 +101,7 @@ def test_every_front_end_row_answers_without_errors(quick_run: Run) -> None:
     for t in transports:
         row = rows[f"shim-{t}"]
         assert row["transport"] == t
-        # A shim from before SHIM_TRANSPORT says nothing; one that knows it must run what it was asked.
-        assert row["transport_reported"] in ("unknown", t), row
+        assert row["transport_reported"] == t, row  # the shim runs what it was asked
         assert row["breakdown"]["shim"]["requests"] > 0 and row["breakdown"]["triton"]["requests"] > 0
     # The near-free model was written into the run's folder, never into triton_repo.
     repo = Path(report["model"]["repository"])

@@ -82,10 +82,9 @@ def test_the_files_the_shim_image_copies_are_enough_to_serve_predict(tmp_path: P
     workdir.mkdir(parents=True, exist_ok=True)  # the Dockerfile's WORKDIR: docker makes it
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHIM_") and k != "PROMETHEUS_MULTIPROC_DIR"}
-    env.update(PYTHONPATH=str(site), SHIM_HOST="127.0.0.1", SHIM_PORT=str(port), SHIM_WORKERS="1",
+    env.update(PYTHONPATH=str(site), SHIM_PORT=str(port), SHIM_WORKERS="1",
                SHIM_TRITON_URL=triton.http_url, SHIM_MODE="triton",
-               SHIM_MODEL_REPOSITORY=str(test_repo),  # the image's /models (the Dockerfile's ENV)
-               SHIM_LABELS_PATH=str(test_repo / "resnet50" / "labels.txt"))
+               SHIM_MODEL_REPOSITORY=str(test_repo))  # the image's /models (the Dockerfile's ENV)
     where = subprocess.run([sys.executable, "-c", "import app; print(app.__file__)"], cwd=workdir, env=env,
                            capture_output=True, text=True, check=True).stdout
     assert where.startswith(str(site)), f"app was imported from {where}, not from the staged image"

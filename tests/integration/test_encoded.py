@@ -20,7 +20,7 @@ from app.preprocess import ImageSpec, decode, to_tensor
 from app.sniff import cpu_reason
 from devstack import EmbeddedTriton
 from devstack.launch import ServedApp
-from tests.conftest import start_shim, stop_soon
+from tests.conftest import shim_traffic, start_shim, stop_soon
 from tests.support import encode, photo, scrape, triton_backend, wait_until
 
 pytestmark = pytest.mark.triton
@@ -99,12 +99,17 @@ def test_the_backend_sends_uploads_as_they_came_and_a_refusal_is_the_images(trit
 
 
 @pytest.fixture(scope="module")
-def shim_encoded(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
+def encoded_flag(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("shim-encoded-flag") / "traffic.json"
+
+
+@pytest.fixture(scope="module")
+def shim_encoded(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path, encoded_flag: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
-    """The shim in shadow mode with the encoded transport; X-Shim-Backend: triton sends a request to Triton."""
+    """The shim in triton mode with the encoded transport (the shadow test switches it with shim-traffic)."""
     served = start_shim(tmp_path_factory.mktemp("shim-encoded"), triton_url=triton.http_url, repo=test_repo,
-                        model_pt=test_model_pt, mode="shadow", shadow_percent=100, transport="encoded",
-                        override_header="true", workers=1)
+                        model_pt=test_model_pt, mode="triton", transport="encoded", flag_file=encoded_flag,
+                        workers=1)
     yield served.wait("/readyz")
     stop_soon(served)
 
@@ -117,9 +122,8 @@ def triton_count(triton: EmbeddedTriton, model: str) -> float:
     return sum(s.value for s in scrape(triton.metrics_url) if s.matches("nv_inference_count", {"model": model}))
 
 
-def post(url: str, data: bytes, *, to_triton: bool = True) -> requests.Response:
-    headers = {"X-Shim-Backend": "triton"} if to_triton else {}
-    return requests.post(url + "/predict", files={"image": ("upload.jpg", data)}, headers=headers, timeout=120)
+def post(url: str, data: bytes) -> requests.Response:
+    return requests.post(url + "/predict", files={"image": ("upload.jpg", data)}, timeout=120)
 
 
 def test_one_corrupt_upload_among_fifteen_good_ones_fails_alone(shim_encoded: ServedApp, shim_triton: ServedApp,
@@ -173,15 +177,21 @@ def test_other_kinds_take_the_shims_cpu_path_and_answer_as_before(shim_encoded: 
     assert metric(shim_encoded.url, "shim_encoded_cpu_path_total", reason="jpeg_mode") == before["jpeg_mode"] + 1
 
 
-def test_shadow_mode_compares_the_encoded_path_with_legacy(shim_encoded: ServedApp, triton: EmbeddedTriton) -> None:
+def test_shadow_mode_compares_the_encoded_path_with_legacy(shim_encoded: ServedApp, triton: EmbeddedTriton,
+                                                           encoded_flag: Path, test_repo: Path) -> None:
+    shim_traffic(encoded_flag, test_repo, "set", "shadow", "--shadow-percent", "100")
+    wait_until(lambda: requests.get(shim_encoded.url + "/traffic", timeout=10).json()["mode"] == "shadow", 30,
+               "shadow mode in the shim's one worker")
+
     def compared() -> float:
         return sum(metric(shim_encoded.url, "shim_shadow_comparisons_total", result=r) for r in ("match", "mismatch"))
 
     before, sent_before = compared(), triton_count(triton, "resnet50_encoded")
     errors = metric(shim_encoded.url, "shim_shadow_comparisons_total", result="error")
     for i in range(4):
-        answer = post(shim_encoded.url, encode(photo(320, 240, seed=200 + i), "JPEG"), to_triton=False)
+        answer = post(shim_encoded.url, encode(photo(320, 240, seed=200 + i), "JPEG"))
         assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == "legacy"
     wait_until(lambda: compared() >= before + 4, 60, "four shadow comparisons")
     assert triton_count(triton, "resnet50_encoded") - sent_before == 4  # the shadow calls sent the uploads
     assert metric(shim_encoded.url, "shim_shadow_comparisons_total", result="error") == errors
+    shim_traffic(encoded_flag, test_repo, "set", "triton")

@@ -4,8 +4,8 @@ EfficientNet-Lite0 (pretrained, from PyPI; Resize(224), mean/std 127/255 and 128
 (10 classes, Resize(232, BICUBIC), seeded), both served by the session's Triton beside resnet50, each from its
 description (examples/models/<name>/model.toml, exported by modelrepo/export.py). Per model: the legacy app
 (examples/legacy_app.py with that model's own torchvision transform, examples/transforms.py) and one shim
-(SHIM_MODEL_NAME=<name>, shadow mode, the override header on) answer the same uploads the same way through
-Triton and through the legacy backend; shadow comparisons match; a switch to triton takes effect; the uint8
+(SHIM_MODEL_NAME=<name>, shadow mode, then triton mode by shim-traffic) answer the same uploads the same way
+through the legacy backend and through Triton; shadow comparisons match; a switch to triton takes effect; the uint8
 ensemble with the model's own normalize step gives the tensors' answers. The migration report and the
 benchmark run against mobilenet_v3_small. The encoded transport, generated from EfficientNet-Lite0's description
 (efficientnet_lite0_decode -> efficientnet_lite0), answers like that model's legacy app, and readiness checks
@@ -31,13 +31,12 @@ from app.preprocess import crop, decode, normalize
 from devstack import EmbeddedTriton, launch
 from devstack.launch import ServedApp
 from devstack.promtext import scrape, total
-from tests.conftest import ENCODED_OWN_MODELS, OWN_MODELS, stop_soon
+from tests.conftest import ENCODED_OWN_MODELS, OWN_MODELS, shim_traffic, stop_soon
 from tests.integration.test_encoded import decode_step, kinds, metric, triton_count
 from tests.support import ROOT, encode, photo, wait_until
 from tests.uploads import Upload, valid_uploads
 
 pytestmark = pytest.mark.triton
-TOKEN = "own-models-admin-token-0123"
 SCORE_TOLERANCE = 1e-4
 UPLOADS = valid_uploads()
 
@@ -48,10 +47,18 @@ class Own:
     repo: Path
     legacy_app: ServedApp
     shim: ServedApp
+    flag_file: Path
 
     @property
     def name(self) -> str:
         return self.description.name
+
+    def switch(self, mode: str) -> None:
+        """shim-traffic set `mode`, as an operator runs it beside the shim; then wait until answers follow."""
+        shim_traffic(self.flag_file, self.repo, "set", mode, model_name=self.name)
+        answered_by = "legacy" if mode == "shadow" else mode
+        wait_until(lambda: ask(self.shim, UPLOADS[0]).headers.get("X-Shim-Backend") == answered_by, 30,
+                   f"answers from {answered_by} after shim-traffic set {mode}")
 
 
 @pytest.fixture(scope="module", params=OWN_MODELS)
@@ -60,19 +67,19 @@ def own(request: pytest.FixtureRequest, triton: EmbeddedTriton, test_repo: Path,
     name = request.param
     description = load(test_repo / name / "model.toml")
     logs = tmp_path_factory.mktemp(f"own-{name}")
+    flag_file = logs / "traffic.json"
     legacy = launch.start_legacy_app(logs, model_pt=description.model_file(), labels=description.labels, env={
         "LEGACY_TRANSFORM": f"examples.transforms:{name}", "LEGACY_MODEL_NAME": name,
         "LEGACY_TOP_K": str(description.top_k), "LEGACY_SCORES": description.scores})
     shim = launch.start_shim(logs, {"SHIM_TRITON_URL": triton.http_url, "SHIM_MODEL_REPOSITORY": str(test_repo),
-                                    "SHIM_MODEL_NAME": name, "SHIM_MODE": "shadow", "SHIM_OVERRIDE_HEADER": "true",
-                                    "SHIM_ADMIN_TOKEN": TOKEN, "SHIM_WORKERS": "1", "SHIM_TRITON_TIMEOUT_S": "60",
-                                    # a slow shadow call on this shared machine is not a mismatch
-                                    "SHIM_SHADOW_TIMEOUT_S": "60"})
+                                    "SHIM_MODEL_NAME": name, "SHIM_MODE": "shadow", "SHIM_FLAG_FILE": str(flag_file),
+                                    # a slow (shadow) call on this shared machine is not a mismatch
+                                    "SHIM_WORKERS": "1", "SHIM_TRITON_TIMEOUT_S": "60"})
     try:
         legacy.wait("/", status=404)
         shim.wait("/readyz")
         wait_until(lambda: _triton_ready(shim), 120, f"the {name} shim's Triton backend to be ready")
-        yield Own(description, test_repo, legacy, shim)
+        yield Own(description, test_repo, legacy, shim, flag_file)
     finally:
         stop_soon(shim)
         stop_soon(legacy)
@@ -83,9 +90,8 @@ def _triton_ready(shim: ServedApp) -> bool:
     return bool(body.get("backends", {}).get("triton", {}).get("ready"))
 
 
-def ask(shim: ServedApp, upload: Upload, backend: str | None) -> requests.Response:
-    headers = {"X-Shim-Backend": backend} if backend else {}
-    return requests.post(shim.url + "/predict", files=upload.files, headers=headers, timeout=120)
+def ask(shim: ServedApp, upload: Upload) -> requests.Response:
+    return requests.post(shim.url + "/predict", files=upload.files, timeout=120)
 
 
 @pytest.mark.parametrize("upload", UPLOADS, ids=[u.name for u in UPLOADS])
@@ -96,8 +102,9 @@ def test_both_backends_answer_like_the_models_own_legacy_app(own: Own, upload: U
     assert body["model"] == own.name and len(body["predictions"]) == own.description.top_k
     labels = own.description.labels.read_text().splitlines()
     assert all(p["label"] == labels[p["class_id"]] for p in body["predictions"])
-    for backend in ("triton", "legacy"):
-        answer = ask(own.shim, upload, backend)
+    for mode, backend in (("shadow", "legacy"), ("triton", "triton")):
+        own.switch(mode)
+        answer = ask(own.shim, upload)
         assert answer.status_code == 200, (backend, answer.text)
         assert answer.headers["X-Shim-Backend"] == backend
         got = answer.json()
@@ -143,9 +150,10 @@ def test_shadow_mode_compares_this_models_answers_and_they_match(own: Own) -> No
         return {r: total(samples, "shim_shadow_comparisons_total", result=r) for r in ("match", "mismatch", "error",
                                                                                       "skipped")}
 
+    own.switch("shadow")
     before = counts()
     for upload in UPLOADS[:4]:
-        answer = ask(own.shim, upload, None)
+        answer = ask(own.shim, upload)
         assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == "legacy", answer.text
     wait_until(lambda: sum(counts().values()) >= sum(before.values()) + 4, 180, "4 more shadow comparisons")
     after = counts()
@@ -153,15 +161,8 @@ def test_shadow_mode_compares_this_models_answers_and_they_match(own: Own) -> No
 
 
 def test_a_switch_to_triton_serves_this_model_from_triton(own: Own) -> None:
-    answer = requests.put(own.shim.url + "/admin/traffic", json={"mode": "triton"},
-                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
-    assert answer.status_code == 200, answer.text
-
-    def from_triton() -> bool:
-        return ask(own.shim, UPLOADS[0], None).headers.get("X-Shim-Backend") == "triton"
-
-    wait_until(from_triton, 30, "answers from triton after the switch")
-    got = ask(own.shim, UPLOADS[1], None).json()
+    own.switch("triton")
+    got = ask(own.shim, UPLOADS[1]).json()
     want = UPLOADS[1].send(own.legacy_app.url).json()
     assert [p["class_id"] for p in got["predictions"]] == [p["class_id"] for p in want["predictions"]]
 

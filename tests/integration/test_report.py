@@ -1,8 +1,7 @@
-"""python -m report end to end: the real command against the real Triton, a real shim, and dead ones."""
+"""shim-report end to end: the real command against the real Triton, and a dead one."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import os
@@ -10,17 +9,12 @@ import re
 import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from devstack import EmbeddedTriton, promtext
-from devstack.launch import ServedApp
-from report.__main__ import main
-from tests.conftest import TEST_ARCH, make_test_repo, start_shim, start_triton, stop_soon
+from tests.conftest import TEST_ARCH, make_test_repo, start_triton
 from tests.support import ROOT, encode, free_ports, photo
 
 IMAGE_COUNT = 12
@@ -155,136 +149,3 @@ def test_a_dead_triton_is_one_clear_line_and_exit_2(kind: str, test_repo: Path, 
     assert f"Triton cannot be used: Triton model 'resnet50' at 127.0.0.1:{port}" in line
     assert ("unreachable" if kind == "closed port" else "did not answer within") in line
     assert not (tmp_path / "report").exists()
-
-
-@pytest.fixture(scope="module")
-def shims(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServedApp]]:
-    """Two shims in triton mode, started together: one honours X-Shim-Backend, the other does not."""
-    tmp = tmp_path_factory.mktemp("report-shims")
-    served = {"override": start_shim(tmp, triton_url=triton.http_url, repo=test_repo, model_pt=test_model_pt,
-                                     mode="triton", workers=1, override_header="true"),
-              "plain": start_shim(tmp, triton_url=triton.http_url, repo=test_repo, model_pt=test_model_pt,
-                                  mode="triton", workers=1)}
-    try:
-        yield {name: shim.wait("/readyz") for name, shim in served.items()}
-    finally:
-        for shim in served.values():
-            stop_soon(shim)
-
-
-def test_a_shim_that_honours_the_override_header_is_a_go(shims: dict[str, ServedApp], capture: Path,
-                                                          tmp_path: Path) -> None:
-    out = tmp_path / "report"
-    done = run_report(str(capture), "--shim-url", shims["override"].url, "--out", str(out), *ANY_SPEED)
-    assert done.returncode == 0, done.stderr + shims["override"].log()
-    text = (out / "report.md").read_text()
-    assert "**Verdict: GO**" in text and f"a running shim at {shims['override'].url}" in text
-    assert "| Shim | mode triton, transport " in text and "top-5 answers compared" in text
-    rows = results(out)
-    assert sum(r["status"] == "compared" for r in rows) == IMAGE_COUNT
-    assert sum(r["status"] == "skipped" for r in rows) == 4
-
-
-def test_a_shim_without_the_override_header_is_a_usage_error_naming_it(shims: dict[str, ServedApp], capture: Path,
-                                                                       tmp_path: Path) -> None:
-    done = run_report(str(capture), "--shim-url", shims["plain"].url, "--out", str(tmp_path / "report"))
-    assert done.returncode == 2, done.stderr
-    line = assert_one_clear_line(done)
-    assert "answered a request for legacy from triton" in line and "SHIM_OVERRIDE_HEADER=true" in line
-    assert not (tmp_path / "report").exists()
-
-
-def test_a_dead_shim_is_one_clear_line_and_exit_2(capture: Path, tmp_path: Path) -> None:
-    (port,) = free_ports(1)
-    done = run_report(str(capture), "--shim-url", f"http://127.0.0.1:{port}", timeout_s=60)
-    assert done.returncode == 2
-    assert f"the shim at http://127.0.0.1:{port} does not answer" in assert_one_clear_line(done)
-
-
-class FakeShim(BaseHTTPRequestHandler):
-    """The shim's HTTP seam, for what a real shim does not do today: fall back on a forced request, or ignore the
-    header in legacy mode. Images with an odd index fall back to legacy when `fallback` is set."""
-
-    protocol_version = "HTTP/1.1"
-    mode = "triton"
-    honours = True
-    fallback = False
-    # 504s legacy answers before its model is loaded: a counter that every request's handler instance shares
-    loading: list[int] = []  # noqa: RUF012
-
-    def do_GET(self) -> None:
-        self.answer(200, {"ready": True, "mode": self.mode, "transport": "http",
-                          "backends": {"triton": {"ready": True, "detail": "a fake Triton"}}}, None)
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        asked = self.headers.get("X-Shim-Backend", "")
-        index = int(self.headers.get("X-Request-ID", "report-0-x").split("-")[1])
-        backend = asked if self.honours else ("legacy" if self.mode == "legacy" else "triton")
-        if backend == "triton" and self.fallback and index % 2:
-            backend = "legacy"
-        if backend == "legacy" and self.loading and self.loading[0] > 0:
-            self.loading[0] -= 1
-            self.answer(504, {"error": "backend_timeout", "message": "legacy is loading"}, "legacy")
-            return
-        predictions = [{"label": f"class {c}", "class_id": c, "score": s} for c, s in [(1, 0.6), (2, 0.3), (3, 0.1)]]
-        self.answer(200, {"model": "resnet50", "predictions": predictions}, backend)
-
-    def answer(self, status: int, body: dict[str, object], backend: str | None) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if backend:
-            self.send_header("X-Shim-Backend", backend)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def fake_shim(**behaviour: object) -> Iterator[str]:
-    """A FakeShim with `behaviour` serving on a free port while the block runs; yields its URL."""
-    handler = type("Handler", (FakeShim,), behaviour)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_fallbacks_to_legacy_count_as_triton_errors(capture: Path, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    with fake_shim(fallback=True) as url:
-        code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report"), *ANY_SPEED])
-    assert code == 1, capsys.readouterr().err
-    rows = {r["file"]: r for r in results(tmp_path / "report")}
-    errors = [r for r in rows.values() if r["triton_error"]]
-    assert errors and all(r["triton_error"] == "fallback: legacy answered a request for triton" for r in errors)
-    assert all(r["status"] == "error" and r["triton_ms"] == "" for r in errors)
-    text = (tmp_path / "report" / "report.md").read_text()
-    assert re.search(rf"^\| errors \| {len(errors)} \(legacy 0, triton {len(errors)}\) \| <= 0 \| \*\*FAIL\*\* \|$",
-                     text, re.M), text
-
-
-def test_a_shim_in_legacy_mode_that_ignores_the_header_is_a_usage_error(
-        capture: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with fake_shim(mode="legacy", honours=False) as url:
-        code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report")])
-    err = capsys.readouterr().err
-    assert code == 2 and "answered a request for triton from legacy" in err and "SHIM_OVERRIDE_HEADER=true" in err
-
-
-def test_the_warm_up_waits_while_a_shim_loads_its_legacy_model(capture: Path, tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """A shim in triton mode loads legacy on the first request routed there, which may time out meanwhile."""
-    loading = [2]
-    with fake_shim(loading=loading) as url:
-        code = main([str(capture), "--shim-url", url, "--out", str(tmp_path / "report"), *ANY_SPEED])
-    assert code == 0, capsys.readouterr().err
-    assert loading == [0]

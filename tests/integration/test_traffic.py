@@ -1,8 +1,8 @@
 """Traffic switching under real gunicorn workers against the real embedded Triton.
 
-The routing rules themselves (fallback, breaker, shadow with a hung Triton, rollback, the admin API's
-checks) are tested in-process in tests/unit; here: a switch reaches every worker under load, and shadow
-compares real Triton answers with real legacy answers.
+The routing rules themselves (fallback, breaker, shadow with a hung Triton, rollback, shim-traffic's
+checks) are tested in-process in tests/unit; here: a switch by shim-traffic reaches every worker under load, and
+shadow compares real Triton answers with real legacy answers.
 """
 
 from __future__ import annotations
@@ -10,30 +10,41 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
 
-from app.traffic import bucket
+from app.traffic import POLL_S, bucket
 from devstack import EmbeddedTriton
 from devstack.launch import ServedApp
-from tests.conftest import start_shim, stop_soon
+from tests.conftest import shim_traffic, start_shim, stop_soon
 from tests.support import encode, metric_sum, photo, scrape, wait_until
 
 pytestmark = pytest.mark.triton
-TOKEN = "test-admin-token-0123456789"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 IMAGES = [encode(photo(320, 240, seed=300 + i), "JPEG") for i in range(8)]
-POLL_S = 0.5  # SHIM_FLAG_POLL_S, the default
+FLAG = "traffic.json"
+
+
+@dataclass
+class Switchable:
+    served: ServedApp
+    flag_file: Path
+    repo: Path
+
+    @property
+    def url(self) -> str:
+        return self.served.url
 
 
 @pytest.fixture(scope="module")
 def switchable(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
-    """2 workers, admin API on, legacy loaded (fallback on), starting in triton mode."""
-    served = start_shim(tmp_path_factory.mktemp("switchable"), triton_url=triton.http_url, repo=test_repo,
-                        model_pt=test_model_pt, admin_token=TOKEN, fallback="true", mode="triton",
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Switchable]:
+    """2 workers, legacy loaded (fallback on), starting in triton mode; its flag file is served.flag_file."""
+    tmp = tmp_path_factory.mktemp("switchable")
+    served = start_shim(tmp, triton_url=triton.http_url, repo=test_repo, model_pt=test_model_pt,
+                        flag_file=tmp / FLAG, fallback="true", mode="triton",
                         triton_timeout_s=60)  # 16 clients on in-process legacy models: a slow machine queues
     served.wait("/readyz")
 
@@ -42,17 +53,17 @@ def switchable(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
                    for _ in range(6))
 
     wait_until(legacy_loaded_everywhere, 180, "the legacy model in every worker")
-    yield served
+    yield Switchable(served, tmp / FLAG, test_repo)
     stop_soon(served)
 
 
-def switch(shim: ServedApp, **changes: object) -> float:
-    answer = requests.put(shim.url + "/admin/traffic", json=changes, headers=ADMIN, timeout=10)
-    assert answer.status_code == 200, answer.text
+def switch(shim: Switchable, mode: str, *options: str) -> float:
+    """shim-traffic set MODE [options]; the moment it returned."""
+    shim_traffic(shim.flag_file, shim.repo, "set", mode, *options)
     return time.monotonic()
 
 
-def test_a_switch_under_load_reaches_every_worker_and_fails_no_request(switchable: ServedApp) -> None:
+def test_a_switch_under_load_reaches_every_worker_and_fails_no_request(switchable: Switchable) -> None:
     bound_s = 2.0
     stop = threading.Event()
     records: list[tuple[float, str, str]] = []  # (started, client key, backend that answered)
@@ -75,13 +86,13 @@ def test_a_switch_under_load_reaches_every_worker_and_fails_no_request(switchabl
     threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
     for t in threads:
         t.start()
-    plan = [({"mode": "legacy"}, lambda key: "legacy"),
-            ({"mode": "canary", "canary_percent": 50}, lambda key: "triton" if bucket(key) < 50 else "legacy"),
-            ({"mode": "triton"}, lambda key: "triton")]
+    plan = [(["legacy"], lambda key: "legacy"),
+            (["canary", "--canary-percent", "50"], lambda key: "triton" if bucket(key) < 50 else "legacy"),
+            (["triton"], lambda key: "triton")]
     try:
         wait_until(lambda: len(records) >= 16, 120, "the clients' first answers")
         for changes, expected in plan:
-            switched = switch(switchable, **changes)
+            switched = switch(switchable, *changes)
 
             wait_until(lambda s=switched: len(after(records, s + bound_s)) >= 32, 180, f"requests after {changes}")
             late = after(records, switched + bound_s)
@@ -100,19 +111,19 @@ def after(records: list[tuple[float, str, str]], moment: float) -> list[tuple[st
     return [(key, backend) for started, key, backend in list(records) if started > moment]
 
 
-def wait_for_mode(shim: ServedApp, mode: str, switched: float) -> None:
+def wait_for_mode(shim: Switchable, mode: str, switched: float) -> None:
     """Every worker follows within the poll interval: wait until it has passed, then check a few answers."""
     wait_until(lambda: time.monotonic() > switched + 2 * POLL_S, 10, "the flag's poll interval")
     for _ in range(4):
         assert requests.get(shim.url + "/traffic", timeout=10).json()["mode"] == mode
 
 
-def test_shadow_gives_legacy_answers_byte_for_byte_and_counts_matches(switchable: ServedApp) -> None:
-    wait_for_mode(switchable, "legacy", switch(switchable, mode="legacy"))
+def test_shadow_gives_legacy_answers_byte_for_byte_and_counts_matches(switchable: Switchable) -> None:
+    wait_for_mode(switchable, "legacy", switch(switchable, "legacy"))
     legacy_bodies = [requests.post(switchable.url + "/predict", files={"image": data}, timeout=60).content
                      for data in IMAGES]
     before = scrape(switchable.url + "/metrics")
-    wait_for_mode(switchable, "shadow", switch(switchable, mode="shadow", shadow_percent=100))
+    wait_for_mode(switchable, "shadow", switch(switchable, "shadow", "--shadow-percent", "100"))
     for data, expected in zip(IMAGES, legacy_bodies, strict=True):
         answer = requests.post(switchable.url + "/predict", files={"image": data}, timeout=60)
         assert answer.headers["X-Shim-Backend"] == "legacy"
@@ -127,6 +138,6 @@ def test_shadow_gives_legacy_answers_byte_for_byte_and_counts_matches(switchable
     after = scrape(switchable.url + "/metrics")
     assert metric_sum(after, "shim_shadow_comparisons_total", result="mismatch") == metric_sum(
         before, "shim_shadow_comparisons_total", result="mismatch"), "the same model on Triton must match"
-    switch(switchable, mode="triton")
+    switch(switchable, "triton")
 
 

@@ -142,7 +142,7 @@ def test_predict_through_the_dev_environments_triton(dev_triton: tuple[str, Path
 
     url, repo = dev_triton
     shim = launch.start_shim(tmp_path, {"SHIM_MODE": "triton", "SHIM_TRITON_URL": url, "SHIM_WORKERS": "1",
-                                        "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt")})
+                                        "SHIM_MODEL_REPOSITORY": str(repo)})
     try:
         shim.wait("/readyz")
         jpeg = encode(photo(640, 480, seed=7), "JPEG", quality=90)

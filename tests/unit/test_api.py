@@ -1,6 +1,6 @@
 """The whole Flask app in-process, with fake backends at the seam, driven by Flask's test client.
 
-What the legacy contract promises (shapes, codes, headers), the error mapping, the admin API and
+What the legacy contract promises (shapes, codes, headers), the error mapping, the read-only traffic view and
 readiness, without a server: tests/integration holds the same app under gunicorn against the real Triton.
 """
 
@@ -20,14 +20,12 @@ from werkzeug.test import EnvironBuilder
 
 from app import create_app
 from app.settings import Mode, Settings
-from tests.fakes import EchoBackend, write_labels
+from tests.fakes import EchoBackend, with_traffic, write_model_repo
 from tests.support import encode, photo
 from tests.uploads import Upload, bad_uploads, valid_uploads
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
 
-TOKEN = "unit-test-admin-token-0123"
-ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 JPEG = encode(photo(320, 240, seed=5), "JPEG")
 
 
@@ -60,8 +58,8 @@ def post_multipart(client: FlaskClient, data: dict[str, Any], method: str = "POS
 
 def make_app(tmp_path: Path, **settings: Any) -> App:
     triton, legacy = EchoBackend("triton"), EchoBackend("legacy")
-    values = {"labels_path": write_labels(tmp_path / "labels.txt"), "flag_file": tmp_path / "traffic.json",
-              "admin_token": TOKEN, "batch_delay_ms": 0.0, **settings}
+    values = with_traffic({"model_repository": write_model_repo(tmp_path / "repo"),
+                           "flag_file": tmp_path / "traffic.json", "batch_delay_ms": 0.0, **settings})
     flask = create_app(Settings(**values), backends={"triton": triton, "legacy": legacy})
     return App(flask, flask.test_client(), triton, legacy, values["flag_file"])
 
@@ -165,42 +163,58 @@ def test_health_answers_and_readiness_names_each_backend(tmp_path: Path) -> None
     app.flask.extensions["shim"].close()
 
 
-def test_admin_api_switches_and_the_server_alone_says_who_and_when(app: App) -> None:
-    changed = app.client.put("/admin/traffic", json={"mode": "legacy", "reason": "rollback"}, headers=ADMIN)
-    assert changed.status_code == 200, changed.json
-    view = app.client.get("/traffic").json
-    assert (view["mode"], view["updated_by"], view["reason"]) == ("legacy", "admin-api", "rollback")
-    assert json.loads(app.flag_file.read_text())["mode"] == "legacy"
+def shim_traffic(app: App, monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
+    """The shim-traffic command, as an operator runs it beside the shim (its SHIM_* environment)."""
+    from app.traffic import main
+
+    repo = app.flask.extensions["shim"].settings.model_repository
+    (repo / "resnet50" / "1").mkdir(exist_ok=True)
+    (repo / "resnet50" / "1" / "model.pt").touch()  # the legacy model it checks for (the fake loads none)
+    monkeypatch.setenv("SHIM_MODEL_REPOSITORY", str(repo))
+    monkeypatch.setenv("SHIM_FLAG_FILE", str(app.flag_file))
+    return main(list(args))
+
+
+def traffic_once(app: App, mode: str, deadline_s: float = 5.0) -> dict[str, Any]:
+    """GET /traffic until the app follows the flag file to `mode` (it re-reads it every half second)."""
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        view: dict[str, Any] = app.client.get("/traffic").json
+        if view["mode"] == mode or time.monotonic() > deadline:
+            return view
+        time.sleep(0.05)
+
+
+def test_shim_traffic_switches_the_app_and_the_file_says_who_and_why(app: App, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert shim_traffic(app, monkeypatch, "set", "canary", "--canary-percent", "100", "--reason", "ramp") == 0
+    printed = json.loads(capsys.readouterr().out)
+    view = traffic_once(app, "canary")
+    assert (view["mode"], view["canary_percent"], view["reason"]) == ("canary", 100, "ramp") == \
+        (printed["mode"], printed["canary_percent"], printed["reason"])
+    assert view["updated_by"].startswith("shim-traffic") and view["source"] == "flag-file"
+    assert app.predict().headers["X-Shim-Backend"] == "triton"
+    assert shim_traffic(app, monkeypatch, "set", "legacy") == 0
+    assert traffic_once(app, "legacy")["mode"] == "legacy"
     assert app.predict().headers["X-Shim-Backend"] == "legacy"
+    assert json.loads(app.flag_file.read_text())["canary_percent"] == 100  # a partial change keeps the rest
+    assert shim_traffic(app, monkeypatch, "show") == 0 and '"mode": "legacy"' in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("changes", [{"mode": "legacy", "updated_by": "auto-rollback"},
-                                     {"mode": "legacy", "updated_at": "1999-01-01T00:00:00Z"},
-                                     {"mode": "legacy", "source": "env"}, {"updated_by": "x" * 5_000_000}])
-def test_admin_api_refuses_unknown_fields_and_names_them(app: App, changes: dict[str, Any]) -> None:
+def test_shim_traffic_refuses_a_bad_share_and_changes_nothing(app: App, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     before = app.client.get("/traffic").json
-    answer = app.client.put("/admin/traffic", json=changes, headers=ADMIN)
-    assert answer.status_code == 400 and answer.json["error"] == "invalid_traffic"
-    field = next(k for k in changes if k not in ("mode",))
-    assert repr(field) in answer.json["message"] and len(answer.json["message"]) < 300
-    assert app.client.get("/traffic").json == before
+    assert shim_traffic(app, monkeypatch, "set", "canary", "--canary-percent", "101") == 2
+    assert "canary_percent must be a whole number from 0 to 100" in capsys.readouterr().err
+    assert app.client.get("/traffic").json == before and not app.flag_file.exists()
 
 
-@pytest.mark.parametrize(("headers", "status"), [
-    ({}, 401), ({"Authorization": "Bearer wrong-token-wrong-token"}, 403), ({"Authorization": f"Basic {TOKEN}"}, 401),
-    ({"Authorization": TOKEN}, 401)])
-def test_unauthorized_admin_calls_change_nothing(app: App, headers: dict[str, str], status: int) -> None:
-    before = app.client.get("/traffic").json
-    answer = app.client.put("/admin/traffic", json={"mode": "legacy"}, headers=headers)
-    assert answer.status_code == status and set(answer.json) == {"error", "message"}
-    assert app.client.get("/traffic").json == before
-
-
-def test_admin_api_is_off_without_a_token(tmp_path: Path) -> None:
-    app = make_app(tmp_path, admin_token="")
-    answer = app.client.put("/admin/traffic", json={"mode": "legacy"}, headers=ADMIN)
-    assert answer.status_code == 403 and "SHIM_ADMIN_TOKEN" in answer.json["message"]
-    app.flask.extensions["shim"].close()
+def test_traffic_is_read_only_over_http_and_a_request_cannot_pick_its_backend(app: App) -> None:
+    assert app.client.put("/traffic", json={"mode": "legacy"}).status_code == 405
+    assert app.client.put("/admin/traffic", json={"mode": "legacy"}).status_code == 404
+    assert app.predict(headers={"X-Shim-Backend": "legacy"}).headers["X-Shim-Backend"] == "triton"
 
 
 def test_metrics_count_each_answer_by_backend_and_status(app: App) -> None:

@@ -91,14 +91,14 @@ def test_the_shims_cpu_split_adds_up_to_its_process_trees_cpu() -> None:
     assert cpu_split({**row, "breakdown": {"shim": {}}}) is None and cpu_split_lines([{**row, "breakdown": {}}]) == []
 
 
-@pytest.mark.parametrize("threads", [3, 8, 65, 66, 72])
+@pytest.mark.parametrize("threads", [9, 16, 72, 200])
 def test_every_thread_layout_the_bench_asks_for_is_one_the_shim_starts_with(threads: int) -> None:
-    from app.settings import Settings
+    from app.settings import SPARE_THREADS, Settings
     from bench.stack import shim_layout
 
     settings = Settings.from_env(shim_layout(2, threads))  # raises SettingsError for a layout it refuses
     assert (settings.workers, settings.threads) == (2, threads)
-    assert settings.max_pending == min(64, threads - 2)
+    assert settings.max_pending == threads - SPARE_THREADS
 
 
 def test_the_memory_benchmarks_upload_is_the_largest_the_limits_accept() -> None:

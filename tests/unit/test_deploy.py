@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
 from app.settings import Settings
 from devstack import proxy
 from devstack.launch import free_port
@@ -913,7 +914,7 @@ def test_the_proxy_agrees_with_the_shims_settings() -> None:
     # more than the shim's readiness deadline, and the kubelet more than nginx.
     for path in ("/healthz", "/readyz"):
         assert directive_in(edge, "proxy_pass", f"= {path}") == "http://shim"
-        assert settings.readiness_timeout_s + 0.5 <= seconds(directive_in(edge, "proxy_read_timeout",
+        assert READINESS_DEADLINE_S + 0.5 <= seconds(directive_in(edge, "proxy_read_timeout",
                                                                           f"= {path}")) <= 2
         assert "limit_conn" not in location_block(edge, f"= {path}") and f"= {path}" not in admission
     assert directive_in(edge, "proxy_pass", "/") == "http://shim"

@@ -16,9 +16,9 @@ from app import create_app, metrics
 from app.preprocess import ImageSpec
 from app.settings import Mode, Settings
 from app.sniff import cpu_reason
-from tests.fakes import EchoBackend, EncodedEcho, write_labels
+from tests.fakes import EchoBackend, EncodedEcho, write_model_repo
 from tests.support import encode, photo
-from tests.unit.test_api import TOKEN, post_multipart, send
+from tests.unit.test_api import post_multipart, send
 from tests.uploads import animated_gif, bad_uploads, png_header_only, valid_uploads
 
 RGB = photo(320, 240, seed=21)
@@ -115,8 +115,7 @@ class Apps:
     """The same shim twice, in-process: the encoded transport (a fake of its kind) and a tensor one."""
 
     def __init__(self, tmp_path: Path, **settings: Any) -> None:
-        labels = write_labels(tmp_path / "labels.txt")
-        base = {"labels_path": labels, "admin_token": TOKEN, "batch_delay_ms": 0.0, **settings}
+        base = {"model_repository": write_model_repo(tmp_path / "repo"), "batch_delay_ms": 0.0, **settings}
         self.triton, self.legacy = EncodedEcho("triton"), EchoBackend("legacy")
         self.encoded = create_app(Settings(**base, flag_file=tmp_path / "a.json"),
                                   backends={"triton": self.triton, "legacy": self.legacy})
@@ -216,7 +215,7 @@ def test_fallback_decodes_a_forwarded_upload_for_legacy(tmp_path: Path) -> None:
 
 
 def test_shadow_sends_triton_the_upload_as_the_encoded_transport_would(tmp_path: Path) -> None:
-    made = Apps(tmp_path, mode=Mode.SHADOW, shadow_percent=100)
+    made = Apps(tmp_path, mode=Mode.SHADOW)  # shadow share 100 %
     try:
         results = {r: metrics.SHADOW_COMPARISONS.labels(r)._value.get() for r in metrics.SHADOW_RESULTS}
         assert made.predict(JPEG).headers["X-Shim-Backend"] == "legacy"

@@ -1,5 +1,5 @@
 """On an image without torch (the slim production image) a mode that needs the legacy backend is refused up
-front, naming what is missing: at start, through the admin API, and in the flag file."""
+front, naming what is missing: at start, by shim-traffic, and in the flag file."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from app import create_app
 from app.capabilities import legacy_lacks
 from app.settings import Mode, Settings, SettingsError
-from tests.fakes import EchoBackend, write_labels
-from tests.unit.test_api import ADMIN, TOKEN
+from app.traffic import main as shim_traffic
+from tests.fakes import EchoBackend, write_model_repo
 
 NO_TORCH = "torch is not installed (the image was built with WITH_LEGACY=0)"
 
@@ -22,8 +22,8 @@ NO_TORCH = "torch is not installed (the image was built with WITH_LEGACY=0)"
 def slim_app(tmp_path: Path, **settings: Any) -> Any:
     legacy = EchoBackend("legacy")
     legacy.lacks = NO_TORCH
-    values = {"labels_path": write_labels(tmp_path / "labels.txt"), "flag_file": tmp_path / "traffic.json",
-              "admin_token": TOKEN, **settings}
+    values = {"model_repository": write_model_repo(tmp_path / "repo"), "flag_file": tmp_path / "traffic.json",
+              **settings}
     return create_app(Settings(**values), backends={"triton": EchoBackend("triton"), "legacy": legacy})
 
 
@@ -35,21 +35,18 @@ def test_the_check_names_torch_or_the_model_file(tmp_path: Path) -> None:
     assert legacy_lacks(model, find_spec=lambda name: object()) is None
 
 
-@pytest.mark.parametrize("change", [{"mode": "legacy"}, {"mode": "shadow"},
-                                    {"mode": "canary", "canary_percent": 10}])
-def test_the_admin_api_refuses_a_mode_that_needs_legacy_with_409_naming_what_is_missing(
-        tmp_path: Path, change: dict[str, Any]) -> None:
-    app = slim_app(tmp_path)
-    client = app.test_client()
-    try:
-        answer = client.put("/admin/traffic", json=change, headers=ADMIN)
-        assert answer.status_code == 409 and answer.json["error"] == "legacy_unavailable", answer.json
-        assert "torch is not installed" in answer.json["message"] and change["mode"] in answer.json["message"]
-        assert client.get("/traffic").json["mode"] == "triton"
-        assert not (tmp_path / "traffic.json").exists()
-        assert client.put("/admin/traffic", json={"mode": "triton", "reason": "ok"}, headers=ADMIN).status_code == 200
-    finally:
-        app.extensions["shim"].close()
+@pytest.mark.parametrize("change", [["legacy"], ["shadow"], ["canary", "--canary-percent", "10"]])
+def test_shim_traffic_refuses_a_mode_that_needs_legacy_naming_what_is_missing(
+        tmp_path: Path, change: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Here the legacy model file is missing (the repository has no export): the switch is refused, the file kept."""
+    monkeypatch.setenv("SHIM_MODEL_REPOSITORY", str(write_model_repo(tmp_path / "repo")))
+    flag = tmp_path / "traffic.json"
+    assert shim_traffic(["--flag-file", str(flag), "set", *change]) == 2
+    err = capsys.readouterr().err
+    assert f"mode {change[0]} needs the legacy backend" in err and "model.pt does not exist" in err
+    assert not flag.exists()
+    assert shim_traffic(["--flag-file", str(flag), "set", "triton", "--reason", "ok"]) == 0
+    assert json.loads(flag.read_text())["reason"] == "ok"
 
 
 def test_a_flag_file_asking_for_legacy_is_reported_and_the_last_good_state_kept(

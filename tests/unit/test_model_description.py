@@ -172,18 +172,13 @@ def test_the_shim_does_not_start_on_a_description_its_labels_contradict(tmp_path
         resolve(missing)
 
 
-def test_settings_override_labels_and_top_k(tmp_path: Path) -> None:
+def test_labels_top_k_and_the_legacy_model_come_from_the_description_alone(tmp_path: Path) -> None:
     write(tmp_path, '[model]\ntorchvision = "resnet18"\n[output]\nclasses = 3\ntop_k = 2\n')
     (tmp_path / "mymodel" / "labels.txt").write_text("a\nb\nc\n")
-    other = tmp_path / "other.txt"
-    other.write_text("x\ny\nz\n")
     served = resolve(Settings(model_repository=tmp_path, model_name="mymodel"))
     assert (served.labels, served.top_k, served.legacy_model_path) == (("a", "b", "c"), 2,
                                                                        tmp_path / "mymodel" / "1" / "model.pt")
-    served = resolve(Settings(model_repository=tmp_path, model_name="mymodel", labels_path=other, top_k=3))
-    assert (served.labels, served.top_k) == (("x", "y", "z"), 3)
-    with pytest.raises(DescriptionError, match="SHIM_TOP_K=4 is not valid"):
-        resolve(Settings(model_repository=tmp_path, model_name="mymodel", top_k=4))
+    assert (served.description.uint8_model, served.description.encoded_model) == ("mymodel_uint8", "mymodel_encoded")
 
 
 def test_a_served_config_from_another_description_is_named() -> None:

@@ -53,9 +53,6 @@ def images(folder: Path, count: int = 2) -> Path:
     (["{missing}"], "is not a folder"),
     (["{empty}"], "holds no file"),
     (["{text}"], "none of the 1 files under"),
-    (["{images}", "--shim-url", "http://127.0.0.1:9", "--triton-url", "127.0.0.1:8000"],
-     "--triton-url cannot go with it"),
-    (["{images}", "--shim-url", "ftp://example"], "is not an http(s)://host:port URL"),
     (["{images}", "--min-top1-agreement", "101%"], "--min-top1-agreement must be from 0 to 1"),
     (["{images}", "--min-top1-agreement", "most"], "is not a share"),
     (["{images}", "--max-p99-ratio", "0"], "--max-p99-ratio must be > 0"),
@@ -79,11 +76,10 @@ def test_usage_errors_exit_2_with_one_clear_line(argv: list[str], says: str, tmp
     places = {"missing": tmp_path / "missing", "empty": tmp_path / "empty", "text": tmp_path / "text",
               "images": images(tmp_path / "images"), "tmp": tmp_path}
     filled = [a.format(**places) for a in argv]
-    if "--shim-url" not in filled:
-        given = {a for a in filled if a.startswith("--")}
-        for option, value in zip(model_files[::2], model_files[1::2], strict=True):
-            if option not in given:
-                filled += [option, value]
+    given = {a for a in filled if a.startswith("--")}
+    for option, value in zip(model_files[::2], model_files[1::2], strict=True):
+        if option not in given:
+            filled += [option, value]
     code, err = run(filled, capsys)
     assert code == EXIT_USAGE, err
     assert says in err, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -256,19 +257,25 @@ def test_failures_older_than_the_window_do_not_roll_back(tmp_path: Path) -> None
     rig.router.close()
 
 
-def test_auto_rollback_with_a_read_only_flag_rolls_back_the_worker_itself(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_rollback_with_a_read_only_flag_leaves_the_share_to_the_operator_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A ConfigMap is the one source of traffic: no worker overrides it on its own; the rollback is logged."""
+    from app import metrics
+
     rig = make_router(tmp_path, mode=Mode.CANARY, canary=100, fallback=True, auto_rollback=True)
+    before = metrics.ROLLBACKS._value.get()
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise FlagNotWritable("read-only")
 
     monkeypatch.setattr(rig.router.flag, "write", refuse)
     rig.triton.down = True
-    for i in range(4):
-        ask(rig.router, float(i + 1))
-    state = rig.router.flag.current()
-    assert (state.canary_percent, state.source, state.updated_by) == (0, "local", "auto-rollback")
+    with caplog.at_level(logging.ERROR, logger="app.rollback"):
+        for i in range(4):
+            assert ask(rig.router, float(i + 1))[1] == "legacy"  # fallback answers meanwhile
+    assert rig.router.flag.current().canary_percent == 100
+    assert metrics.ROLLBACKS._value.get() == before + 1
+    assert any("set the canary share to 0 in the ConfigMap" in r.getMessage() for r in caplog.records)
     rig.router.close()
 
 
