@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Self
 
-from app.settings import ADMIN_KEY  # the shim's own check of the key: Triton's flag syntax
 from devstack.cpu_repo import check_model_files, sync_cpu_repo
 from devstack.errors import EmbeddedTritonError
 from devstack.waiting import WaitTimeout, wait_for_http
 from devstack.wheel import TritonWheel, find_wheel, server_environment
+
+ADMIN_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{16,}$")  # what tritonserver's key flag syntax lets through
 
 log = logging.getLogger("embedded_triton")
 # The APIs an admin key restricts: load/unload, shared memory, tracing and logging settings. Inference,

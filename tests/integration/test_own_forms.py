@@ -2,8 +2,8 @@
 preset (preset_app), transforms v2 resizing the tensor (v2_app), a squash to a fixed size (squash_app), a
 non-square input (wide_app). Each is exported from its description (examples/models/<name>/model.toml) into a
 repository of their own, served by a Triton of this module's own (the session's stays as it is), and answered by
-its own legacy app (examples/legacy_app.py with the form's transform) and by a shim (shadow mode, the override
-header on): the same classes through Triton and through the legacy backend. The encoded transport's decode
+its own legacy app (examples/legacy_app.py with the form's transform) and by a shim (shadow mode, then triton
+by shim-traffic): the same classes through Triton and through the legacy backend. The encoded transport's decode
 step, generated from the same description, serves v2_app (torch's own tensor resize: the legacy tensor exactly)
 and wide_app (non-square, within a pixel level).
 """
@@ -24,10 +24,10 @@ from PIL import Image
 from app.description import ModelDescription, load
 from devstack import EmbeddedTriton, launch
 from devstack.launch import ServedApp
-from tests.conftest import start_triton, stop_soon
+from tests.conftest import shim_traffic, start_triton, stop_soon
 from tests.integration.test_encoded import decode_step
 from tests.support import wait_until
-from tests.uploads import Upload, valid_uploads
+from tests.uploads import valid_uploads
 
 pytestmark = pytest.mark.triton
 FORMS = ("preset_app", "v2_app", "squash_app", "wide_app")
@@ -68,6 +68,7 @@ class Form:
     description: ModelDescription
     legacy_app: ServedApp
     shim: ServedApp
+    flag_file: Path
 
     @property
     def name(self) -> str:
@@ -83,15 +84,16 @@ def form(request: pytest.FixtureRequest, forms_triton: EmbeddedTriton, forms_rep
     legacy = launch.start_legacy_app(logs, model_pt=description.model_file(), labels=description.labels, env={
         "LEGACY_TRANSFORM": f"examples.transforms:{name}", "LEGACY_MODEL_NAME": name,
         "LEGACY_TOP_K": str(description.top_k), "LEGACY_SCORES": description.scores})
+    flag_file = logs / "traffic.json"
     shim = launch.start_shim(logs, {"SHIM_TRITON_URL": forms_triton.http_url, "SHIM_MODEL_REPOSITORY": str(forms_repo),
-                                    "SHIM_MODEL_NAME": name, "SHIM_MODE": "shadow", "SHIM_OVERRIDE_HEADER": "true",
-                                    "SHIM_WORKERS": "1", "SHIM_TRITON_TIMEOUT_S": "60", "SHIM_SHADOW_TIMEOUT_S": "60"})
+                                    "SHIM_MODEL_NAME": name, "SHIM_MODE": "shadow", "SHIM_FLAG_FILE": str(flag_file),
+                                    "SHIM_WORKERS": "1", "SHIM_TRITON_TIMEOUT_S": "60"})
     try:
         legacy.wait("/", status=404)
         shim.wait("/readyz")
         wait_until(lambda: bool(requests.get(shim.url + "/readyz", timeout=10).json().get("backends", {})
                                 .get("triton", {}).get("ready")), 120, f"the {name} shim's Triton backend")
-        yield Form(description, legacy, shim)
+        yield Form(description, legacy, shim, flag_file)
     finally:
         stop_soon(shim)
         stop_soon(legacy)
@@ -110,15 +112,21 @@ def same_answer(want: dict, got: dict, exact: bool, what: object) -> None:
         assert abs(mine[0]["score"] - theirs[0]["score"]) < 0.01, what
 
 
-@pytest.mark.parametrize("upload", UPLOADS, ids=[u.name for u in UPLOADS])
-def test_each_form_answers_like_its_own_legacy_app_through_triton_and_legacy(form: Form, upload: Upload) -> None:
-    reference = upload.send(form.legacy_app.url)
-    assert reference.status_code == 200, reference.text
-    for backend in ("triton", "legacy"):
-        answer = requests.post(form.shim.url + "/predict", files=upload.files, headers={"X-Shim-Backend": backend},
-                               timeout=120)
-        assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == backend, (backend, answer.text)
-        same_answer(reference.json(), answer.json(), form.description.resize_on == "pil", (backend, upload.name))
+def test_each_form_answers_like_its_own_legacy_app_through_triton_and_legacy(form: Form) -> None:
+    references = {}
+    for upload in UPLOADS:
+        reference = upload.send(form.legacy_app.url)
+        assert reference.status_code == 200, reference.text
+        references[upload.name] = reference.json()
+    for mode, backend in (("shadow", "legacy"), ("triton", "triton")):  # shadow mode answers from legacy
+        shim_traffic(form.flag_file, form.description.folder.parent, "set", mode, model_name=form.name)
+        wait_until(lambda b=backend: UPLOADS[0].send(form.shim.url).headers.get("X-Shim-Backend") == b, 30,
+                   f"answers from {backend} after shim-traffic set {mode}")
+        for upload in UPLOADS:
+            answer = upload.send(form.shim.url)
+            assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == backend, (backend, answer.text)
+            same_answer(references[upload.name], answer.json(), form.description.resize_on == "pil",
+                        (backend, upload.name))
 
 
 def test_triton_serves_the_forms_input_shape_and_preprocessing(form: Form, forms_triton: EmbeddedTriton) -> None:

@@ -11,7 +11,8 @@ import pytest
 from app.settings import RETIRED, Mode, Settings, SettingsError
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
-TYPOS_ON_PURPOSE = {"tests/unit/test_settings.py", "tests/integration/test_startup.py", "README.md"}
+TYPOS_ON_PURPOSE = {"tests/unit/test_settings.py", "tests/integration/test_startup.py", "tests/unit/test_docs.py",
+                    "docs/troubleshooting.md"}
 
 
 def test_defaults_and_environment() -> None:
@@ -127,5 +128,6 @@ def test_every_shim_name_the_repository_uses_is_a_setting_retired_or_allowed() -
 
 
 def test_a_triton_admin_key_is_retired_and_says_why() -> None:
-    with pytest.raises(SettingsError, match="SHIM_TRITON_ADMIN_KEY_FILE is no longer a setting: the shim makes no restricted Triton call"):
+    with pytest.raises(SettingsError, match="SHIM_TRITON_ADMIN_KEY_FILE is no longer a setting: the shim makes no "
+                                            "restricted Triton call"):
         Settings.from_env({"SHIM_TRITON_ADMIN_KEY_FILE": "/run/secrets/key"})
