@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from app.capabilities import check_start, legacy_lacks
 from app.description import resolve
 from app.logs import gunicorn_logconfig
-from app.malloc import give_back_large_buffers
 from app.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -26,10 +25,6 @@ try:
 except SettingsError as _error:
     sys.stderr.write(f"flask-triton-shim: {_error}\n")
     sys.exit(2)
-
-# Uploads and decoded images are large buffers of one request each: freed ones go back to the system instead
-# of staying in a thread's malloc arena (app/malloc.py; a worker's peak under the worst input: 4.5 -> 2.1 GiB).
-give_back_large_buffers()
 
 wsgi_app = "app:create_app()"
 bind = f"{_settings.host}:{_settings.port}"

@@ -18,6 +18,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench import memory
 
         return memory.main(memory.parse_args(given))
+    if "--ab" in given:
+        from bench import ab
+
+        return ab.main(ab.parse_args(given))
     from bench import frontend, run
 
     args = run.parse_args(argv)
