@@ -18,6 +18,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench import memory
 
         return memory.main(memory.parse_args(given))
+    if "--clients" in given:
+        from bench import clients
+
+        return clients.main(clients.parse_args(given))
     if "--ab" in given:
         from bench import ab
 

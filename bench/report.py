@@ -412,6 +412,12 @@ def profile_lines(profile: dict[str, Any] | None) -> list[str]:
              "decoder, numpy; a thread that waits to take the GIL back after such a call counts there too), "
              "total = anywhere on the stack.",
              ""]
+    split = profile["working"].get("stages") or {}
+    if split:
+        lines += ["By stage of a request (bench/profile.STAGES: the frame nearest each sample's leaf that names "
+                  "one):", "", _row(["stage", "working samples %"]), _row(["---", "--:"])]
+        lines += [_row([name, _f(share)]) for name, share in split.items()]
+        lines.append("")
     for key, title in (("by_own", "by own time"), ("by_total", "by total time")):
         lines += [f"Top {len(t[key])} {title}:", "", _row(["function", "own %", "total %"]),
                   _row(["---", "--:", "--:"])]
