@@ -10,6 +10,7 @@ Configurations (--configs names), each started by the tool itself on loopback (f
                         batcher off (SHIM_MAX_BATCH_SIZE=1): no batching anywhere, as in the seed's row
   (3) triton-batching   the shim (its defaults) -> Triton with 2 instances and dynamic batching
   (0) direct            ready-made FP32 tensors, one image per request, straight to the Triton of (3): the ceiling
+  (4) litserve          a peer: the same model behind LitServe 0.2.19 (bench/litserve_app.py), batches of 8 / 10 ms
 The Triton configs of (2) and (3) are triton_repo's, read as ModelConfig protobufs with only the dynamic
 batching and instance count changed, served by the embedded Triton (a CPU copy, as `make triton` does).
 
@@ -476,6 +477,26 @@ def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
             run.stopper.later(served.stop)
 
 
+def run_litserve(run: Run, model_pt: Path, labels: Path) -> None:
+    """The peer: bench/litserve_app.py (LitServe 0.2.19, batches of 8 within 10 ms, the legacy transform)."""
+    from devstack import launch
+
+    port = launch.free_port()
+    env = {**os.environ, "LITSERVE_MODEL_PATH": str(model_pt), "LITSERVE_LABELS_PATH": str(labels),
+           "LITSERVE_PORT": str(port)}
+    print("starting LitServe ...", flush=True)
+    served = launch.ServedApp("litserve", [sys.executable, "-m", "bench.litserve_app"], env, port,
+                              run.logs / f"litserve-{port}.log")
+    try:
+        served.wait("/health", timeout_s=240)
+        run.measure(Target("litserve", "(4) LitServe 0.2.19, batch 8 / 10 ms",
+                           "bench/litserve_app.py: LitServe's own batcher (8 images within 10 ms), one inference "
+                           "worker on the CPU, torchvision's transform, TorchScript in-process",
+                           served.url, run.predict_requests(served.url), b'"predictions"'))
+    finally:
+        run.stopper.later(served.stop)
+
+
 def shim_target(run: Run, config: str, url: str, triton_url: str, triton_metrics: str | None,
                 settings: str) -> Target:
     served = run.served_config(config, triton_url)
@@ -608,6 +629,8 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
                 ceiling = run.ceiling(stub.port, tensors="direct" in configs)
             if "legacy" in configs:
                 run_legacy(run, model_pt, labels)
+            if "litserve" in configs:
+                run_litserve(run, model_pt, labels)
             if args.triton_url:
                 external_triton_configs(run, model_pt, labels)
                 notes.append(f"Triton was the one already running at {args.triton_url} (its own model and config); "
