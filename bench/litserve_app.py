@@ -33,6 +33,12 @@ class ClassifierAPI(ls.LitAPI):  # type: ignore[misc]
         self.transform = transforms.Compose([
             transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
             transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+        # Warm before ready, as Triton's model_warmup does: TorchScript optimises per input shape in its first
+        # calls (seconds each on a CPU), and LitServe's batches come in every size up to MAX_BATCH_SIZE.
+        with torch.inference_mode():
+            for size in range(1, MAX_BATCH_SIZE + 1):
+                for _ in range(2):
+                    self.model(torch.zeros(size, 3, 224, 224))
 
     def decode_request(self, request: Request) -> Any:  # LitServe hands over the parsed form
         upload = request.get("image")  # type: ignore[attr-defined]

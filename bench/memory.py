@@ -112,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
     legacy_model = args.model_pt or ROOT / "triton_repo" / "resnet50" / "1" / "model.pt"
     if not legacy_model.is_file():
         raise SystemExit(f"{legacy_model} is missing: run `make export` (the legacy model is part of the worst case)")
-    repo = write_standin_repo(work / "standin_repo")
+    repo = write_standin_repo(work / "standin_repo", keep_torch_models=given.get("SHIM_TRANSPORT") == "encoded")
     triton = start_triton(repo, work / "triton")
     env = {**given, "SHIM_TRITON_URL": triton.http_url, "SHIM_LABELS_PATH": str(repo / "resnet50" / "labels.txt"),
            "SHIM_MODE": given.get("SHIM_MODE", "shadow"), "SHIM_LEGACY_MODEL_PATH": str(legacy_model),
