@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from app.capabilities import check_start, legacy_lacks
 from app.description import resolve
 from app.logs import gunicorn_logconfig
+from app.malloc import few_arenas
 from app.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -25,6 +26,10 @@ try:
 except SettingsError as _error:
     sys.stderr.write(f"flask-triton-shim: {_error}\n")
     sys.exit(2)
+
+# Large buffers of one request, freed, are reused by the next from few malloc arenas instead of kept in one per
+# thread (app/malloc.py; with app/admission.py's large-body gate, a worker's peak under the worst input 503 MiB).
+few_arenas()
 
 wsgi_app = "app:create_app()"
 bind = f"{_settings.host}:{_settings.port}"

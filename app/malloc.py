@@ -2,12 +2,14 @@
 
 An upload (up to SHIM_MAX_UPLOAD_MB), its copies on the way to Triton and a decoded image (Pillow allocates it
 in blocks of 16 MiB) are large buffers of one request. glibc keeps what is freed in the arena of the thread
-that freed it (its mmap threshold rises to 32 MiB after the first such buffers), so every thread's arena
-would keep its own largest request. Two bounds instead (measured in bench/RESULTS.md, "Memory"):
-app/admission.py lets only LARGE_SLOTS bodies over LARGE_BODY_BYTES into a worker at once, and each of them,
-when done, calls trim() (malloc_trim: every arena's free pages back to the system). A fixed mmap threshold
-bounded it too, but made every batch tensor a fresh mapping, page-faulted on every request: 15-25 % more
-shim CPU per image on the tensor routes. Elsewhere (not glibc) trim() does nothing.
+that freed it (its mmap threshold rises to 32 MiB after the first such buffers), and a process has up to 8
+arenas per core, so every arena would keep its own largest request. Three bounds instead (measured in
+bench/RESULTS.md, "A shim worker's peak memory"): app/admission.py lets only LARGE_SLOTS bodies over
+LARGE_BODY_BYTES into a worker at once, and each of them, when done, calls trim() (malloc_trim: every
+arena's free pages back to the system); and the workers share ARENAS arenas (few_arenas(), set in the
+master before the fork), so what one request freed is reused by the next instead of kept aside. A fixed
+mmap threshold bounded it too, but made every batch tensor a fresh mapping, page-faulted on every request:
+15-25 % more shim CPU per image on the tensor routes. Elsewhere (not glibc) both do nothing.
 """
 
 from __future__ import annotations
@@ -17,19 +19,40 @@ import ctypes.util
 import functools
 from collections.abc import Callable
 
+ARENAS = 2  # measured: bodies just under the gate, 12 MP each, 1,132 -> 518 MiB at the worker's peak
+_M_ARENA_MAX = -8  # glibc's malloc.h
+
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
-        function = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def few_arenas(count: int = ARENAS) -> bool:
+    """mallopt(M_ARENA_MAX, count) for this process and the ones it forks; False where not glibc."""
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, count))
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    function = getattr(_libc(), "malloc_trim", None)
+    if function is None:
         return None
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
-    return function
+    return function  # type: ignore[no-any-return]
 
 
 def trim() -> bool:

@@ -37,3 +37,11 @@ print(before - rss_kib(), freed)               # what was given back, in KiB
         given_back[mode] = [int(x) for x in result.stdout.split()]
     assert given_back["free"][0] < 64 * 1024, given_back  # free() alone kept most of the 128 MiB
     assert given_back["trim"][0] >= 120 * 1024, given_back  # trim() returned them
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_few_arenas_is_accepted_by_glibc() -> None:
+    """mallopt(M_ARENA_MAX) answers 1 when glibc took it (0 for an option it does not know)."""
+    result = subprocess.run([sys.executable, "-c", "from app.malloc import few_arenas; assert few_arenas()"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
