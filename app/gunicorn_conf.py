@@ -28,7 +28,7 @@ except SettingsError as _error:
     sys.exit(2)
 
 # Large buffers of one request, freed, are reused by the next from few malloc arenas instead of kept in one per
-# thread (app/malloc.py; with app/admission.py's large-body gate, a worker's peak under the worst input 503 MiB).
+# thread (app/malloc.py; with app/admission.py's large-body gate, a worker's peak under the worst input 518 MiB).
 few_arenas()
 
 wsgi_app = "app:create_app()"
