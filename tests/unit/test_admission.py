@@ -129,3 +129,26 @@ def test_large_bodies_take_one_of_two_slots_and_small_ones_pass() -> None:
     for t in threads:
         t.join(timeout=10)
     assert most[0] == LARGE_SLOTS and not inside
+
+
+def test_a_large_upload_waits_for_a_slot_and_is_answered(tmp_path: Path) -> None:
+    """Through the app: a body over LARGE_BODY_BYTES (a JPEG padded after its end marker) takes a large slot
+    and is answered as any upload is; while both slots are held, it waits instead of being read."""
+    from tests.unit.test_api import JPEG
+
+    app = make_app(tmp_path, max_pending=8, threads=12)
+    padded = JPEG + b"\0" * (LARGE_BODY_BYTES + 1)
+    admission = app.flask.extensions["shim"].admission
+    held = [admission._large.take() for _ in range(LARGE_SLOTS)]
+    for slot in held:
+        slot.__enter__()
+    answers: list[int] = []
+    waiting = threading.Thread(target=lambda: answers.append(app.predict(padded).status_code))
+    waiting.start()
+    wait_until(lambda: len(admission._large._waiting) == 1, 10, "the large upload to wait for a slot")
+    assert app.predict().status_code == 200 and not answers  # a small one passes meanwhile
+    for slot in held:
+        slot.__exit__(None, None, None)
+    waiting.join(timeout=30)
+    assert answers == [200]
+    app.flask.extensions["shim"].close()
