@@ -78,8 +78,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help=f"measured seconds per row (default {DEFAULTS['duration']:g})")
     p.add_argument("--warmup", type=float, help=f"discarded seconds before each row (default {DEFAULTS['warmup']:g})")
     p.add_argument("--concurrency", help=f"closed-loop clients, comma-separated (default {DEFAULTS['concurrency']})")
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help=f"which configurations, comma-separated (default all: {','.join(CONFIGS)})")
+    p.add_argument("--configs", help=f"which configurations, comma-separated (default all: {','.join(CONFIGS)}; "
+                                     "--quick, make test's: all but litserve)")
     p.add_argument("--triton-url", help="an already-running Triton (host:port, e.g. from docker compose): "
                                         "no local Triton is started and configuration (2) is skipped")
     p.add_argument("--triton-metrics-url", help="its metrics (default: http://<triton host>:8002/metrics)")
@@ -155,6 +155,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.levels = levels(args.concurrency)
     except ValueError as e:
         p.error(str(e))
+    if args.configs is None:  # the peer's start-up and warm-up would double --quick's time
+        args.configs = ",".join(c for c in CONFIGS if not (args.quick and c == "litserve"))
     args.selected = [c.strip() for c in args.configs.split(",") if c.strip()]
     if unknown := set(args.selected) - set(CONFIGS):
         p.error(f"--configs: unknown {', '.join(sorted(unknown))}; choose from {', '.join(CONFIGS)}")
