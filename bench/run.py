@@ -31,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -496,7 +497,12 @@ def run_litserve(run: Run, model_pt: Path, labels: Path) -> None:
                            "worker on the CPU, torchvision's transform, TorchScript in-process",
                            served.url, run.predict_requests(served.url), b'"predictions"'))
     finally:
-        run.stopper.later(served.stop)
+        def stop() -> None:  # LitServe's API server and inference processes outlive its main one: the whole group
+            served.stop()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(served.process.pid, signal.SIGKILL)
+
+        run.stopper.later(stop)
 
 
 def shim_target(run: Run, config: str, url: str, triton_url: str, triton_metrics: str | None,
