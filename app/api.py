@@ -74,7 +74,8 @@ def predict() -> Response:
     content_type = request.headers.get("Content-Type", "")
     if not content_type.lower().startswith("multipart/form-data"):
         raise MissingImage()  # the contract's answer to a JSON or raw body; its bytes are never read
-    with shim().admission.admit():  # a full worker refuses at once: 503 + Retry-After
+    admission = shim().admission
+    with admission.admit(), admission.large(request.content_length):  # full: 503 at once; large: one of 2
         return _predict(content_type)
 
 

@@ -123,6 +123,9 @@ class ModelDescription:
     top_k: int = 5
     max_batch_size: int = 32
     instances: int = 2
+    # Triton's dynamic batcher, as perf_analyzer or Model Analyzer tuned it ((): 8, 16, 32 up to max_batch_size)
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 500
 
     @property
     def folder(self) -> Path:
@@ -308,13 +311,19 @@ def parse(raw: Mapping[str, Any], path: Path) -> ModelDescription:
                 "a file inside the description's folder (a relative path, no '..', no quotes or control characters)")
     labels = path.parent / labels_name
     triton = fields.section("triton")
+    max_batch_size = triton.whole("max_batch_size", 32, low=1, high=1024)
+    preferred = triton._get("preferred_batch_size", [])
+    triton.require(isinstance(preferred, list) and all(
+        isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= max_batch_size for n in preferred),
+        "preferred_batch_size", preferred,
+        f"a list of whole numbers from 1 to max_batch_size ({max_batch_size}), e.g. [8, 16]")
     description = ModelDescription(
         path=path, name=name, source=source, color=color, resize=resize, interpolation=interpolation,
         max_size=max_size, antialias=antialias, resize_on=resize_on, crop=crop, to_float=to_float, mean=mean,
-        std=std, classes=classes, labels=labels,
-        labels_from=labels_from, scores=scores, top_k=top_k,
-        max_batch_size=triton.whole("max_batch_size", 32, low=1, high=1024),
-        instances=triton.whole("instances", 2, low=1, high=64))
+        std=std, classes=classes, labels=labels, labels_from=labels_from, scores=scores, top_k=top_k,
+        max_batch_size=max_batch_size, instances=triton.whole("instances", 2, low=1, high=64),
+        preferred_batch_sizes=tuple(preferred),
+        max_queue_delay_us=triton.whole("max_queue_delay_microseconds", 500, low=0, high=10_000_000))
     fields.unknown()
     return description
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from app.capabilities import check_start, legacy_lacks
 from app.description import resolve
 from app.logs import gunicorn_logconfig
-from app.malloc import give_back_large_buffers
+from app.malloc import few_arenas
 from app.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -27,9 +27,9 @@ except SettingsError as _error:
     sys.stderr.write(f"flask-triton-shim: {_error}\n")
     sys.exit(2)
 
-# Uploads and decoded images are large buffers of one request each: freed ones go back to the system instead
-# of staying in a thread's malloc arena (app/malloc.py; a worker's peak under the worst input: 4.5 -> 2.1 GiB).
-give_back_large_buffers()
+# Large buffers of one request, freed, are reused by the next from few malloc arenas instead of kept in one per
+# thread (app/malloc.py; with app/admission.py's large-body gate, a worker's peak under the worst input 518 MiB).
+few_arenas()
 
 wsgi_app = "app:create_app()"
 bind = f"0.0.0.0:{_settings.port}"

@@ -1,34 +1,61 @@
-"""glibc's malloc told to give large buffers back to the system when they are freed.
+"""glibc's malloc asked to give freed memory back to the system, after a request that held large buffers.
 
-An upload (up to SHIM_MAX_UPLOAD_MB) and a decoded image (Pillow allocates it in blocks of 16 MiB) are large
-buffers that live for one request, in many threads. glibc serves a buffer over its mmap threshold from a
-mapping of its own, unmapped at free(); but the threshold rises, up to 32 MiB, every time such a buffer is
-freed, so after the first requests those buffers come from the per-thread arenas instead, and an arena keeps
-what was freed in it. Measured (`python -m bench --memory`: 64 uploads of 16 MiB at once, each a 40 M pixel
-image, one worker), the worker's peak was 4.5 GiB with glibc's default and 2.1 GiB with the threshold fixed
-at 4 MiB, which also turns the rise off. app/gunicorn_conf.py sets it in the master, before the workers fork
-(they inherit it). Elsewhere (not glibc) it does nothing.
+An upload (up to SHIM_MAX_UPLOAD_MB), its copies on the way to Triton and a decoded image (Pillow allocates it
+in blocks of 16 MiB) are large buffers of one request. glibc keeps what is freed in the arena of the thread
+that freed it (its mmap threshold rises to 32 MiB after the first such buffers), and a process has up to 8
+arenas per core, so every arena would keep its own largest request. Three bounds instead (measured in
+bench/RESULTS.md, "A shim worker's peak memory"): app/admission.py lets only LARGE_SLOTS bodies over
+LARGE_BODY_BYTES into a worker at once, and each of them, when done, calls trim() (malloc_trim: every
+arena's free pages back to the system); and the workers share ARENAS arenas (few_arenas(), set in the
+master before the fork), so what one request freed is reused by the next instead of kept aside. A fixed
+mmap threshold bounded it too, but made every batch tensor a fresh mapping, page-faulted on every request:
+15-25 % more shim CPU per image on the tensor routes. Elsewhere (not glibc) both do nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
+from collections.abc import Callable
 
-MMAP_THRESHOLD_BYTES = 4 << 20  # over this, a buffer is a mapping of its own, given back when freed
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+ARENAS = 2  # measured: bodies just under the gate, 12 MP each, 1,132 -> 518 MiB at the worker's peak
+_M_ARENA_MAX = -8  # glibc's malloc.h
 
 
-def give_back_large_buffers(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """mallopt(M_MMAP_THRESHOLD, threshold) for this process and the ones it forks; False where not glibc."""
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def few_arenas(count: int = ARENAS) -> bool:
+    """mallopt(M_ARENA_MAX, count) for this process and the ones it forks; False where not glibc."""
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, threshold))
+    return bool(mallopt(_M_ARENA_MAX, count))
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    function = getattr(_libc(), "malloc_trim", None)
+    if function is None:
+        return None
+    function.argtypes = [ctypes.c_size_t]
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
+
+
+def trim() -> bool:
+    """malloc_trim(0): free memory of every arena back to the system; False where not glibc."""
+    function = _malloc_trim()
+    return bool(function(0)) if function is not None else False

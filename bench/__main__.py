@@ -18,6 +18,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench import memory
 
         return memory.main(memory.parse_args(given))
+    if "--clients" in given:
+        from bench import clients
+
+        return clients.main(clients.parse_args(given))
+    if "--ab" in given:
+        from bench import ab
+
+        return ab.main(ab.parse_args(given))
     from bench import frontend, run
 
     args = run.parse_args(argv)

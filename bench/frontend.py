@@ -135,11 +135,11 @@ def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads:
 
 @contextlib.contextmanager
 def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers: int, threads: int,
-               stopper: stack.Stopper) -> Iterator[Any]:
+               stopper: stack.Stopper, extra_env: dict[str, str] | None = None) -> Iterator[Any]:
     from devstack import launch
 
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
-           **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
+           **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport, **(extra_env or {})}
     print(f"starting the shim (SHIM_TRANSPORT={transport}, {workers} workers x {threads} threads) ...", flush=True)
     served = launch.start_shim(out / "logs", env)
     try:

@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     legacy_model = ROOT / "triton_repo" / "resnet50" / "1" / "model.pt"  # what its model.toml names
     if not legacy_model.is_file():
         raise SystemExit(f"{legacy_model} is missing: run `make export` (the legacy model is part of the worst case)")
-    repo = write_standin_repo(work / "standin_repo")
+    repo = write_standin_repo(work / "standin_repo", keep_torch_models=given.get("SHIM_TRANSPORT") == "encoded")
     triton = start_triton(repo, work / "triton")
     env = {**given, "SHIM_TRITON_URL": triton.http_url,  # triton_repo's model.toml: labels, legacy model
            "SHIM_MODE": given.get("SHIM_MODE", "shadow"),

@@ -129,6 +129,42 @@ def top(stacks: Counter[tuple[str, ...]], limit: int = 15, skip_waiting: bool = 
     }
 
 
+# The stages of a /predict, by the files their code is in; a sample counts for the stage of the frame nearest
+# its leaf that matches (a socket write inside tritonclient is the Triton call's, gunicorn's body reader called
+# from the view is gunicorn's). First match wins among patterns of one frame.
+STAGES = (
+    ("Triton request: build, send, parse", re.compile(r"^(tritonclient|geventhttpclient|gevent|grpc)/")),
+    ("batcher hand-off", re.compile(r"^app/batching\.py")),
+    ("multipart cut", re.compile(r"^app/uploads\.py")),
+    ("sniff", re.compile(r"^app/sniff\.py")),
+    ("JSON answer", re.compile(r"^(json/|flask/json/|app/contract\.py)")),
+    ("scores, top-k", re.compile(r"^app/(scores|service)\.py")),
+    ("metrics, log line", re.compile(r"^(prometheus_client/|logging/|app/(metrics|logs|gunicorn_logger)\.py)")),
+    ("gunicorn: HTTP parse, body read, socket", re.compile(r"^gunicorn/")),
+    ("Flask, Werkzeug", re.compile(r"^(flask|werkzeug)/")),
+    ("other shim code", re.compile(r"^app/")),
+)
+
+
+def stages(stacks: Counter[tuple[str, ...]]) -> dict[str, float]:
+    """Share (%) of the working samples per stage of STAGES ("other": Python's own, threading, selectors)."""
+    counts: Counter[str] = Counter()
+    for stack, count in stacks.items():
+        if is_waiting(stack[-1]):
+            continue
+        name = "other"
+        for frame in reversed(stack):
+            match = FRAME.match(frame)
+            file = short_file(match["file"]) if match else frame
+            found = next((stage for stage, pattern in STAGES if pattern.search(file)), None)
+            if found:
+                name = found
+                break
+        counts[name] += count
+    working = sum(counts.values())
+    return {name: 100 * counts[name] / working for name in [*(s for s, _ in STAGES), "other"]} if working else {}
+
+
 def finish(process: subprocess.Popen[bytes], raw: Path, seconds: float, gil: bool = False,
            limit: int = 15) -> dict[str, Any]:
     """Wait for one py-spy and summarise what it wrote."""
@@ -137,7 +173,8 @@ def finish(process: subprocess.Popen[bytes], raw: Path, seconds: float, gil: boo
     if process.returncode != 0 or not raw.is_file():
         return {"error": f"py-spy exited {process.returncode}: {log[-2000:]}"}
     stacks, samples = parse_raw(raw.read_text())
-    out = {"samples": samples, "stacks": len(stacks), "raw": str(raw), "top": top(stacks, limit, not gil)}
+    out = {"samples": samples, "stacks": len(stacks), "raw": str(raw), "top": top(stacks, limit, not gil),
+           "stages": stages(stacks)}
     if gil:
         out["held_pct"] = 100 * samples / (RATE * seconds)
     return out

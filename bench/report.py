@@ -21,8 +21,8 @@ SEED_ROWS: tuple[dict[str, Any], ...] = (
     {"config": "triton-instances", "label": "Triton, 2 instances", "qps": 315, "p99_ms": 89},
     {"config": "triton-batching", "label": "Triton, dynamic batching", "qps": 483, "p99_ms": 112},
 )
-ORDER = ("legacy", "triton-instances", "triton-batching", "direct")
-NUMBER = {"direct": 0, "legacy": 1, "triton-instances": 2, "triton-batching": 3}
+ORDER = ("legacy", "litserve", "triton-instances", "triton-batching", "direct")
+NUMBER = {"direct": 0, "legacy": 1, "triton-instances": 2, "triton-batching": 3, "litserve": 4}
 
 
 def summarize(outcome: Outcome) -> dict[str, Any]:
@@ -83,25 +83,30 @@ def _by(rows: Sequence[dict[str, Any]], config: str) -> dict[int, dict[str, Any]
 def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per concurrency: the shim's QPS against the direct ceiling, and its p99 and QPS against the legacy app."""
     shim, direct, legacy = _by(rows, "triton-batching"), _by(rows, "direct"), _by(rows, "legacy")
+    peer = _by(rows, "litserve")
     out = []
     for c in sorted(shim):
         s = shim[c]
-        d, lg = direct.get(c), legacy.get(c)
+        d, lg, ls = direct.get(c), legacy.get(c), peer.get(c)
         out.append({
             "concurrency": c,
             "shim_vs_direct_qps": s["qps"] / d["qps"] if d and d["qps"] else None,
             "shim_vs_legacy_qps": s["qps"] / lg["qps"] if lg and lg["qps"] else None,
             "shim_vs_legacy_p99": s["p99_ms"] / lg["p99_ms"] if lg and lg["p99_ms"] and s["p99_ms"] else None,
+            "shim_vs_litserve_qps": s["qps"] / ls["qps"] if ls and ls["qps"] else None,
+            "shim_vs_litserve_p99": s["p99_ms"] / ls["p99_ms"] if ls and ls["p99_ms"] and s["p99_ms"] else None,
         })
     return out
 
 
 def ratios_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["clients", "QPS (3) shim / (0) direct", "QPS (3) shim / (1) legacy", "p99 (3) shim / (1) legacy"]),
-             _row(["--:", "--:", "--:", "--:"])]
+    lines = [_row(["clients", "QPS (3) shim / (0) direct", "QPS (3) shim / (1) legacy", "p99 (3) shim / (1) legacy",
+                   "QPS (3) shim / (4) LitServe", "p99 (3) shim / (4) LitServe"]),
+             _row(["--:"] * 6)]
     for r in ratios(rows):
         lines.append(_row([r["concurrency"], _f(r["shim_vs_direct_qps"], 2), _f(r["shim_vs_legacy_qps"], 2),
-                           _f(r["shim_vs_legacy_p99"], 2)]))
+                           _f(r["shim_vs_legacy_p99"], 2), _f(r["shim_vs_litserve_qps"], 2),
+                           _f(r["shim_vs_litserve_p99"], 2)]))
     return lines
 
 
@@ -412,6 +417,12 @@ def profile_lines(profile: dict[str, Any] | None) -> list[str]:
              "decoder, numpy; a thread that waits to take the GIL back after such a call counts there too), "
              "total = anywhere on the stack.",
              ""]
+    split = profile["working"].get("stages") or {}
+    if split:
+        lines += ["By stage of a request (bench/profile.STAGES: the frame nearest each sample's leaf that names "
+                  "one):", "", _row(["stage", "working samples %"]), _row(["---", "--:"])]
+        lines += [_row([name, _f(share)]) for name, share in split.items()]
+        lines.append("")
     for key, title in (("by_own", "by own time"), ("by_total", "by total time")):
         lines += [f"Top {len(t[key])} {title}:", "", _row(["function", "own %", "total %"]),
                   _row(["---", "--:", "--:"])]

@@ -10,6 +10,7 @@ Configurations (--configs names), each started by the tool itself on loopback (f
                         batcher off (SHIM_MAX_BATCH_SIZE=1): no batching anywhere, as in the seed's row
   (3) triton-batching   the shim (its defaults) -> Triton with 2 instances and dynamic batching
   (0) direct            ready-made FP32 tensors, one image per request, straight to the Triton of (3): the ceiling
+  (4) litserve          a peer: the same model behind LitServe 0.2.19 (bench/litserve_app.py), batches of 8 / 10 ms
 The Triton configs of (2) and (3) are triton_repo's, read as ModelConfig protobufs with only the dynamic
 batching and instance count changed, served by the embedded Triton (a CPU copy, as `make triton` does).
 
@@ -30,6 +31,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -75,8 +77,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help=f"measured seconds per row (default {DEFAULTS['duration']:g})")
     p.add_argument("--warmup", type=float, help=f"discarded seconds before each row (default {DEFAULTS['warmup']:g})")
     p.add_argument("--concurrency", help=f"closed-loop clients, comma-separated (default {DEFAULTS['concurrency']})")
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help=f"which configurations, comma-separated (default all: {','.join(CONFIGS)})")
+    p.add_argument("--configs", help=f"which configurations, comma-separated (default all: {','.join(CONFIGS)}; "
+                                     "--quick, make test's: all but litserve)")
     p.add_argument("--triton-url", help="an already-running Triton (host:port, e.g. from docker compose): "
                                         "no local Triton is started and configuration (2) is skipped")
     p.add_argument("--triton-metrics-url", help="its metrics (default: http://<triton host>:8002/metrics)")
@@ -152,6 +154,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.levels = levels(args.concurrency)
     except ValueError as e:
         p.error(str(e))
+    if args.configs is None:  # the peer's start-up and warm-up would double --quick's time
+        args.configs = ",".join(c for c in CONFIGS if not (args.quick and c == "litserve"))
     args.selected = [c.strip() for c in args.configs.split(",") if c.strip()]
     if unknown := set(args.selected) - set(CONFIGS):
         p.error(f"--configs: unknown {', '.join(sorted(unknown))}; choose from {', '.join(CONFIGS)}")
@@ -474,6 +478,31 @@ def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
             run.stopper.later(served.stop)
 
 
+def run_litserve(run: Run, model_pt: Path, labels: Path) -> None:
+    """The peer: bench/litserve_app.py (LitServe 0.2.19, batches of 8 within 10 ms, the legacy transform)."""
+    from devstack import launch
+
+    port = launch.free_port()
+    env = {**os.environ, "LITSERVE_MODEL_PATH": str(model_pt), "LITSERVE_LABELS_PATH": str(labels),
+           "LITSERVE_PORT": str(port)}
+    print("starting LitServe ...", flush=True)
+    served = launch.ServedApp("litserve", [sys.executable, "-m", "bench.litserve_app"], env, port,
+                              run.logs / f"litserve-{port}.log")
+    try:
+        served.wait("/health", timeout_s=240)
+        run.measure(Target("litserve", "(4) LitServe 0.2.19, batch 8 / 10 ms",
+                           "bench/litserve_app.py: LitServe's own batcher (8 images within 10 ms), one inference "
+                           "worker on the CPU, torchvision's transform, TorchScript in-process",
+                           served.url, run.predict_requests(served.url), b'"predictions"'))
+    finally:
+        def stop() -> None:  # LitServe's API server and inference processes outlive its main one: the whole group
+            served.stop()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(served.process.pid, signal.SIGKILL)
+
+        run.stopper.later(stop)
+
+
 def shim_target(run: Run, config: str, url: str, triton_url: str, triton_metrics: str | None,
                 settings: str) -> Target:
     served = run.served_config(config, triton_url)
@@ -606,6 +635,8 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
                 ceiling = run.ceiling(stub.port, tensors="direct" in configs)
             if "legacy" in configs:
                 run_legacy(run, model_pt, labels)
+            if "litserve" in configs:
+                run_litserve(run, model_pt, labels)
             if args.triton_url:
                 external_triton_configs(run, model_pt, labels)
                 notes.append(f"Triton was the one already running at {args.triton_url} (its own model and config); "

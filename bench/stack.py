@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # `python bench/overhead.py` as well as `python -m bench`
+if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench`
     sys.path.insert(0, str(ROOT))
 
 from app.metrics import CPU_PARTS  # noqa: E402

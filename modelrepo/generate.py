@@ -73,7 +73,8 @@ parameters [
 
 
 def _preferred(description: ModelDescription) -> str:
-    sizes = [s for s in (8, 16, 32) if s <= description.max_batch_size] or [description.max_batch_size]
+    sizes = list(description.preferred_batch_sizes) or \
+        [s for s in (8, 16, 32) if s <= description.max_batch_size] or [description.max_batch_size]
     return ", ".join(str(s) for s in sizes)
 
 
@@ -121,7 +122,7 @@ instance_group [
 
 dynamic_batching {{
   preferred_batch_size: [ {_preferred(d)} ]
-  max_queue_delay_microseconds: 500
+  max_queue_delay_microseconds: {d.max_queue_delay_us}
 }}
 
 optimization {{
@@ -312,7 +313,7 @@ instance_group [
 ]
 
 dynamic_batching {{
-  max_queue_delay_microseconds: 500
+  max_queue_delay_microseconds: {d.max_queue_delay_us}
 }}
 """
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.admission import RETRY_AFTER_S, Admission
+from app.admission import LARGE_BODY_BYTES, LARGE_SLOTS, RETRY_AFTER_S, Admission
 from app.breaker import CircuitBreaker
 from app.errors import Overloaded
 from tests.support import FakeClock, wait_until
@@ -53,16 +53,16 @@ def test_cpu_turns_are_handed_out_in_arrival_order() -> None:
 
     threads = [threading.Thread(target=first)]
     threads[0].start()
-    wait_until(lambda: admission._working == 1, 5, "the first turn")
+    wait_until(lambda: admission._cpu._working == 1, 5, "the first turn")
     for i in range(1, 6):  # each waits behind the ones before it
         threads.append(threading.Thread(target=later, args=(i,)))
         threads[-1].start()
-        wait_until(lambda n=i: len(admission._waiting) == n, 5, f"request {i} to queue")
+        wait_until(lambda n=i: len(admission._cpu._waiting) == n, 5, f"request {i} to queue")
     release.set()
     for t in threads:
         t.join(timeout=10)
     assert order == [0, 1, 2, 3, 4, 5]
-    assert admission._working == 0 and not admission._waiting
+    assert admission._cpu._working == 0 and not admission._cpu._waiting
 
 
 def test_admit_counts_and_refuses_beyond_the_bound() -> None:
@@ -99,3 +99,56 @@ def test_an_open_circuit_probes_as_soon_as_the_backend_answers_its_health_check(
     healthy.set()
     wait_until(lambda: breaker.state == "half_open", 10, "the circuit to let a probe through")
     assert breaker.allow() and not breaker.allow()
+
+
+def test_large_bodies_take_one_of_two_slots_and_small_ones_pass() -> None:
+    admission = Admission(max_pending=10, slots=1, retry_after_s=1)
+    inside: list[int] = []
+    most = [0]
+    lock = threading.Lock()
+    release = threading.Event()
+
+    def large(declared: int | None) -> None:
+        with admission.large(declared):
+            with lock:
+                inside.append(1)
+                most[0] = max(most[0], len(inside))
+            release.wait(10)
+            with lock:
+                inside.pop()
+
+    big = LARGE_BODY_BYTES + 1
+    threads = [threading.Thread(target=large, args=(size,)) for size in (big, None, big)]  # None: chunked
+    for t in threads:
+        t.start()
+    wait_until(lambda: len(inside) == LARGE_SLOTS, 10, "two large bodies inside")
+    with admission.large(LARGE_BODY_BYTES):  # a small body never waits for them
+        pass
+    assert len(inside) == LARGE_SLOTS, "the third large body waits"
+    release.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert most[0] == LARGE_SLOTS and not inside
+
+
+def test_a_large_upload_waits_for_a_slot_and_is_answered(tmp_path: Path) -> None:
+    """Through the app: a body over LARGE_BODY_BYTES (a JPEG padded after its end marker) takes a large slot
+    and is answered as any upload is; while both slots are held, it waits instead of being read."""
+    from tests.unit.test_api import JPEG
+
+    app = make_app(tmp_path, max_pending=8, threads=12)
+    padded = JPEG + b"\0" * (LARGE_BODY_BYTES + 1)
+    admission = app.flask.extensions["shim"].admission
+    held = [admission._large.take() for _ in range(LARGE_SLOTS)]
+    for slot in held:
+        slot.__enter__()
+    answers: list[int] = []
+    waiting = threading.Thread(target=lambda: answers.append(app.predict(padded).status_code))
+    waiting.start()
+    wait_until(lambda: len(admission._large._waiting) == 1, 10, "the large upload to wait for a slot")
+    assert app.predict().status_code == 200 and not answers  # a small one passes meanwhile
+    for slot in held:
+        slot.__exit__(None, None, None)
+    waiting.join(timeout=30)
+    assert answers == [200]
+    app.flask.extensions["shim"].close()

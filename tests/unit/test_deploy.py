@@ -852,8 +852,8 @@ def test_the_proxys_memory_limit_holds_every_connection_with_a_full_body_buffer(
 
 # `python -m bench --memory` (bench/RESULTS.md): the shim container's memory under the worst input the limits
 # accept behind nginx (master and counter + one worker at its peak + the other ready), and ready, in MiB.
-POD_MEMORY_WORST_MIB = {"triton": 50 + 1451 + 61, "legacy": 50 + 2135 + 694}
-POD_MEMORY_READY_MIB = {"triton": 50 + 2 * 61, "legacy": 50 + 2 * 694}
+POD_MEMORY_WORST_MIB = {"triton": 69 + 518 + 54, "legacy": 69 + 1136 + 693}
+POD_MEMORY_READY_MIB = {"triton": 69 + 2 * 54, "legacy": 69 + 2 * 693}
 
 
 def test_the_shims_memory_is_derived_from_the_measured_worst_case() -> None:

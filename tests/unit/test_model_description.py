@@ -142,6 +142,9 @@ def test_the_encoded_transports_models_are_generated_from_the_same_description()
     ('[model]\n', r"torchvision \| torchscript \| efficientnet_lite = 'none' is not valid"),
     ('[model]\ntorchvision = "resnet18"\n[output]\nclasses = 10\ntop_k = 11\n',
      r"\[output\] top_k = 11 is not valid: expected a whole number from 1 to 10"),
+    ('[model]\ntorchvision = "resnet18"\n[triton]\nmax_batch_size = 16\npreferred_batch_size = [8, 32]\n',
+     r"\[triton\] preferred_batch_size = \[8, 32\] is not valid: expected a list of whole numbers from 1 to "
+     r"max_batch_size \(16\)"),
 ])
 def test_a_wrong_description_names_the_field_and_the_fix(tmp_path: Path, text: str, says: str) -> None:
     with pytest.raises(DescriptionError, match=says):
@@ -318,3 +321,24 @@ def test_the_forms_fields_read_and_their_wrong_values_name_the_field(tmp_path: P
     for text, says in refused.items():
         with pytest.raises(DescriptionError, match=says):
             pre(text)
+
+
+def test_the_dynamic_batchers_tuning_is_written_into_every_config_that_batches() -> None:
+    """What perf_analyzer or Model Analyzer found goes in [triton]; the model's and the decode step's configs follow."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    d = parse({"name": "x", "model": {"torchvision": "resnet18"},
+               "triton": {"preferred_batch_size": [4, 12], "max_queue_delay_microseconds": 2000, "instances": 3}},
+              Path("/repo/x/model.toml"))
+    files = model_repo.generated_files(d)
+    model = text_format.Parse(files[Path("x/config.pbtxt")], mc.ModelConfig())
+    decode = text_format.Parse(files[Path("x_decode/config.pbtxt")], mc.ModelConfig())
+    assert list(model.dynamic_batching.preferred_batch_size) == [4, 12]
+    assert [c.dynamic_batching.max_queue_delay_microseconds for c in (model, decode)] == [2000, 2000]
+    assert [c.instance_group[0].count for c in (model, decode)] == [3, 3]
+    default = text_format.Parse(model_repo.generated_files(parse(
+        {"name": "x", "model": {"torchvision": "resnet18"}}, Path("/repo/x/model.toml")))[Path("x/config.pbtxt")],
+        mc.ModelConfig())
+    assert (list(default.dynamic_batching.preferred_batch_size),
+            default.dynamic_batching.max_queue_delay_microseconds) == ([8, 16, 32], 500)

@@ -1,0 +1,168 @@
+"""`python -m bench --clients`: tritonclient's HTTP and gRPC clients, the CPU each costs per image, per route.
+
+The shim's hop to Triton is a tritonclient call per batch: building the request, sending it, parsing the
+answer, on the shim's side; receiving and answering it on Triton's front. This starts the wheel's Triton on
+the near-free stand-in repository (modelrepo/standin.py) and, for each route and batch size, one client
+after the other (in turns, twice), a process of --threads threads, each with its own client (as the shim's
+batchers have), in a closed loop for --duration seconds. It reads that process's CPU (its rusage) and
+Triton's (/proc, bench/cpu.py) per image.
+
+    route    model                what one image is
+    fp32     <model>              FP32 [3, 224, 224] (SHIM_TRANSPORT=http)
+    uint8    <model>_uint8        UINT8 [224, 224, 3] (SHIM_TRANSPORT=uint8)
+    encoded  <model>_encoded      the JPEG's bytes, UINT8 [-1] (SHIM_TRANSPORT=encoded; Triton decodes it:
+                                  its CPU column is mostly the decode)
+
+A benchmark figure, not a test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import cpu, stack
+
+MODEL = "resnet50"
+ROUTES = {"fp32": (MODEL, "input__0"), "uint8": (f"{MODEL}_uint8", "input__0"),
+          "encoded": (f"{MODEL}_encoded", "encoded")}
+
+
+def batch_of(route: str, batch: int, jpeg: bytes) -> Any:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if route == "fp32":
+        return rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    if route == "uint8":
+        return rng.integers(0, 256, (batch, 224, 224, 3), dtype=np.uint8)
+    return np.tile(np.frombuffer(jpeg, dtype=np.uint8), (batch, 1))  # the same JPEG: equal lengths
+
+
+def client_loop(kind: str, url: str, route: str, batch: int, jpeg: bytes, threads: int, duration_s: float,
+                results: Any) -> None:
+    """In a process of its own: `threads` clients in a closed loop; puts (images, cpu_s, errors)."""
+    import threading
+
+    if kind == "grpc":
+        import tritonclient.grpc as client
+    else:
+        import tritonclient.http as client  # type: ignore[no-redef]
+    model, input_name = ROUTES[route]
+    data = batch_of(route, batch, jpeg)
+    counts = [0] * threads
+    errors = [0] * threads
+    start = threading.Barrier(threads + 1)
+    stop = threading.Event()
+
+    def run(i: int) -> None:
+        triton = client.InferenceServerClient(url)
+        inp = client.InferInput(input_name, list(data.shape), "FP32" if data.dtype.kind == "f" else "UINT8")
+        out = client.InferRequestedOutput("output__0", **({} if kind == "grpc" else {"binary_data": True}))
+        for _ in range(3):  # warm: connection, first request
+            inp.set_data_from_numpy(data, **({} if kind == "grpc" else {"binary_data": True}))
+            triton.infer(model, [inp], outputs=[out])
+        start.wait()
+        while not stop.is_set():
+            try:
+                inp.set_data_from_numpy(data, **({} if kind == "grpc" else {"binary_data": True}))
+                triton.infer(model, [inp], outputs=[out]).as_numpy("output__0")
+                counts[i] += batch
+            except Exception:  # counted: a client that fails is no cheaper
+                errors[i] += 1
+        triton.close()
+
+    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    start.wait()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(duration_s)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    images = sum(counts)
+    stop.set()
+    for w in workers:
+        w.join(timeout=30)
+    results.put((images, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), sum(errors)))
+
+
+def measure(kind: str, triton: Any, tpid: int, route: str, batch: int, jpeg: bytes,
+            args: argparse.Namespace) -> dict[str, Any]:
+    url = f"{triton.config.host}:{triton.config.grpc_port}" if kind == "grpc" else triton.http_url
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=client_loop, args=(kind, url, route, batch, jpeg, args.threads,
+                                                        args.duration, results))
+    cpu.wait_idle((tpid,), timeout_s=20)
+    process.start()
+    # Triton's window: from when the clients are warm (the first put arrives only after the window) to the end.
+    time.sleep(0.5)
+    first = cpu.snapshot({"triton": (tpid,)})
+    images, client_s, errors = results.get(timeout=args.duration + 120)
+    last = cpu.snapshot({"triton": (tpid,)})
+    process.join(timeout=30)
+    triton_s = cpu.window_seconds(first, last)["triton"]["cpu_s"]
+    return {"client": kind, "route": route, "batch": batch, "images_per_s": images / args.duration,
+            "client_cpu_ms_per_image": 1000 * client_s / images if images else None,
+            "triton_cpu_ms_per_image": 1000 * triton_s / images if images else None, "errors": errors}
+
+
+def main(args: argparse.Namespace) -> int:
+    from bench.frontend import triton_pid
+    from modelrepo.standin import write_standin_repo
+
+    work = Path(tempfile.mkdtemp(prefix="bench-clients-"))
+    rows: list[dict[str, Any]] = []
+    try:
+        repo = write_standin_repo(work / "standin_repo", keep_torch_models="encoded" in args.routes)
+        jpeg = stack.sample_jpegs(1, 640, 480)[0]
+        triton = stack.start_triton(repo, work / "triton")
+        try:
+            tpid = triton_pid(triton)
+            for route in args.routes:
+                for batch in args.batches if route != "encoded" else [1]:
+                    for round_ in range(args.rounds):
+                        for kind in ("http", "grpc"):
+                            row = measure(kind, triton, tpid, route, batch, jpeg, args)
+                            row["round"] = round_ + 1
+                            rows.append(row)
+                            print(f"  {route} batch {batch} {kind} (round {round_ + 1}): {row['images_per_s']:.0f} "
+                                  f"images/s, client {row['client_cpu_ms_per_image'] or 0:.3f} ms CPU per image, "
+                                  f"Triton {row['triton_cpu_ms_per_image'] or 0:.3f}; {row['errors']} errors",
+                                  flush=True)
+        finally:
+            triton.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summary = {}
+    for route in args.routes:
+        for batch in sorted({r["batch"] for r in rows if r["route"] == route}):
+            cell = {}
+            for kind in ("http", "grpc"):
+                mine = [r for r in rows if (r["route"], r["batch"], r["client"]) == (route, batch, kind)]
+                cell[kind] = {k: statistics.median(r[k] or 0 for r in mine)
+                              for k in ("client_cpu_ms_per_image", "triton_cpu_ms_per_image")}
+            summary[f"{route} x{batch}"] = cell
+    print(json.dumps({"threads": args.threads, "duration_s": args.duration, "median": summary}, indent=1))
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench --clients", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--routes", type=lambda s: s.split(","), default=list(ROUTES), help="fp32,uint8,encoded")
+    p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8],
+                   help="batch sizes of the tensor routes (default 1,8; encoded: 1)")
+    p.add_argument("--threads", type=int, default=4, help="clients at once (default 4)")
+    p.add_argument("--rounds", type=int, default=2, help="turns of both clients (default 2)")
+    p.add_argument("--duration", type=float, default=6.0, help="measured seconds per row (default 6)")
+    return p.parse_args(argv)
