@@ -17,7 +17,7 @@ import pytest
 from app import metrics
 from app.batching import Batcher, Upstream
 from app.breaker import CircuitBreaker
-from app.errors import BackendUnavailable, CircuitOpen, FlagNotWritable
+from app.errors import BackendUnavailable, CircuitOpen, FlagNotWritable, InvalidImage
 from app.images import Upload
 from app.rollback import AutoRollback
 from app.routing import RequestContext, Router
@@ -118,6 +118,22 @@ def test_a_probe_that_raises_a_bug_reopens_the_circuit(tmp_path: Path) -> None:
     with pytest.raises(ZeroDivisionError):
         ask(rig.router, 1.0)
     assert breaker.state == "open", "the probe's outcome was recorded, as a failure"
+    rig.router.close()
+
+
+def test_a_probe_answered_with_the_uploads_own_error_closes_the_circuit(tmp_path: Path) -> None:
+    """Triton answered (its decoder refused the upload, and Pillow could not read it either): Triton is fine."""
+    rig = make_router(tmp_path, mode=Mode.TRITON)
+    for _ in range(3):
+        rig.router.breaker.record_failure()
+    rig.clock.advance(60)
+    real_infer = rig.triton.infer
+    rig.triton.infer = lambda items, ids: [InvalidImage("unreadable") for _ in items]  # type: ignore[method-assign]
+    with pytest.raises(InvalidImage):
+        ask(rig.router, 1.0)
+    assert rig.router.breaker.state == "closed"
+    rig.triton.infer = real_infer  # type: ignore[method-assign]
+    assert ask(rig.router, 2.0) == (2.0, "triton", None)
     rig.router.close()
 
 
