@@ -85,8 +85,10 @@ class Route:
     why: str  # how it was chosen, for /readyz
     version: str = ""  # the version asked of `model`: the pin for the classifier, never for an ensemble
 
-    def image_shape(self, crop: int) -> tuple[int, int, int]:
-        return (3, crop, crop) if self.kind == FP32 else (crop, crop, 3)
+    def image_shape(self, crop: tuple[int, int]) -> tuple[int, int, int]:
+        """Per image: FP32 [3, height, width] or UINT8 [height, width, 3] (a crop may be non-square)."""
+        height, width = crop
+        return (3, height, width) if self.kind == FP32 else (height, width, 3)
 
 
 def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Sequence[int], classes: int,
@@ -213,7 +215,7 @@ class TritonBackend:
         # or why the description cannot be served that way (then readiness says so and nothing is sent).
         self._decode_parameters = dict(decode_parameters) if decode_parameters is not None else None
         self._encoded_refusal = encoded_refusal
-        self._crop = int(image_shape[-1])
+        self._crop = (int(image_shape[-2]), int(image_shape[-1]))  # (height, width)
         self._classes, self._max_batch = classes, max_batch_size
         self._wanted = transport
         self._shm_mode = shm_mode
