@@ -323,3 +323,15 @@ def test_the_forms_fields_read_and_their_wrong_values_name_the_field(tmp_path: P
     for text, says in refused.items():
         with pytest.raises(DescriptionError, match=says):
             pre(text)
+
+
+def test_a_link_out_of_the_models_folder_stops_the_export_naming_the_field(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("".join(f"s{i}\n" for i in range(4)))
+    path = write(tmp_path, '[model]\ntorchvision = "resnet18"\n'
+                           '[output]\nclasses = 4\ntop_k = 2\nlabels_from = "team.txt"\n')
+    (path.parent / "team.txt").symlink_to(secret)
+    with pytest.raises(SystemExit, match=r"\[output\] labels_from = 'team.txt' resolves to .*secret.txt, outside "
+                                         r"the model's folder"):
+        export([str(path), "--repo", str(tmp_path / "repo")])
+    assert not (tmp_path / "repo").exists()
