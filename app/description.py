@@ -183,6 +183,23 @@ class ModelDescription:
         params = self.parameters()
         return {key: params[key] for key in DECODE_PARAMETERS if key in params}
 
+    def outside(self) -> str | None:
+        """The first file this description names that resolves (links followed) outside its folder, as one line
+        naming the field; None when all stay inside. The export checks it before it reads or writes any."""
+        folder = self.folder.resolve()
+        named = {"[output] labels": self.labels}
+        if self.labels_from not in ("", "imagenet"):
+            named["[output] labels_from"] = self.folder / self.labels_from
+        if self.source.kind == "torchscript":
+            named["[model] torchscript"] = Path(self.source.value)
+        if self.source.weights is not None:
+            named["[model] weights"] = self.source.weights
+        for where, path in named.items():
+            if not path.resolve().is_relative_to(folder):
+                return (f"{self.path}: {where} = {path.relative_to(self.folder).as_posix()!r} resolves to "
+                        f"{path.resolve()}, outside the model's folder {folder}: a link out of it is refused")
+        return None
+
     def model_file(self, version: int | str = 1) -> Path:
         return self.folder / str(version) / "model.pt"
 

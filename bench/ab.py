@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench import cpu, stack, wrk
 from bench.frontend import MODEL, shim_front, triton_pid
+from report.percentiles import median
 
 
 def variant(text: str) -> tuple[str, dict[str, str]]:
@@ -71,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         stopper.settle()
         shutil.rmtree(work, ignore_errors=True)
-    summary = {name: statistics.median(r["cpu_ms_per_image"]["shim"] for r in rows if r["variant"] == name)
+    summary = {name: median(r["cpu_ms_per_image"]["shim"] for r in rows if r["variant"] == name)
                for name, _ in args.variant}
     print(json.dumps({"transport": args.transport, "connections": args.connections, "duration_s": args.duration,
                       "median_shim_cpu_ms_per_image": summary, "rows": [

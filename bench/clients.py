@@ -23,13 +23,13 @@ import json
 import multiprocessing
 import resource
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench import cpu, stack
+from report.percentiles import median
 
 MODEL = "resnet50"
 ROUTES = {"fp32": (MODEL, "input__0"), "uint8": (f"{MODEL}_uint8", "input__0"),
@@ -148,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
             cell = {}
             for kind in ("http", "grpc"):
                 mine = [r for r in rows if (r["route"], r["batch"], r["client"]) == (route, batch, kind)]
-                cell[kind] = {k: statistics.median(r[k] or 0 for r in mine)
+                cell[kind] = {k: median(r[k] or 0 for r in mine)
                               for k in ("client_cpu_ms_per_image", "triton_cpu_ms_per_image")}
             summary[f"{route} x{batch}"] = cell
     print(json.dumps({"threads": args.threads, "duration_s": args.duration, "median": summary}, indent=1))

@@ -1,5 +1,6 @@
 """Does the shim preprocess exactly as your legacy app did? Your app's torchvision transform and a folder of your
-images, both ways, compared per image; PASS only when every tensor is bit-exact.
+images, both ways, compared per image; PASS only when every tensor is bit-exact (or, where v2 resizes the uint8
+tensor, within the description's stated tolerance of one pixel level). docs/own-model.md shows each form.
 
     python modelrepo/check.py legacy_app:transform ./images                   # resnet50's description
     python modelrepo/check.py my_app:preprocess ./images --model mymodel      # triton_repo/mymodel/model.toml
@@ -9,10 +10,12 @@ images, both ways, compared per image; PASS only when every tensor is bit-exact.
 MODULE:ATTRIBUTE is imported as your app imports it (the current folder is on the path; importing an app may
 load its model). Each image is opened as the legacy app opened it (Pillow, then convert("RGB")) and run through
 the transform, and decoded and preprocessed by the shim with the model's description; the line per image is
-the largest absolute difference between the two tensors. Before that, the transform itself is read step by
-step: a step the shim does not reproduce (an unknown torchvision class, a Lambda, a random augmentation such
-as ColorJitter, transforms v2) is named, never approximated, and a step whose values differ from the
-description (size, interpolation, crop, mean, std) is named with the field to change.
+the largest absolute difference between the two tensors. The transform itself is read step by step (Composes of
+v1 or v2, nested; the weight presets; SUPPORTED below): a step the shim does not reproduce (an unknown
+torchvision class, a Lambda, a module or function of yours, a random augmentation, antialias=False on a tensor)
+is named, never approximated, and a field whose value differs from the transform's is named. Advice (`set
+[preprocess] field = value`) is printed only when the check, run again on the same images with the description
+so changed (read back through the description's own validation), passes; otherwise it says there is none.
 Exit status: 0 PASS, 1 FAIL (what differs and why is listed), 2 it could not run (the message says why).
 """
 

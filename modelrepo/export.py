@@ -360,8 +360,17 @@ def no_encoded(description: ModelDescription) -> None:
               f"{refusal}")
 
 
+def confine(description: ModelDescription) -> None:
+    """A description's files stay in its folder (app/description.py refuses '..' and absolute paths; this refuses
+    links out of it), so that an export of a submitted description copies and writes nothing elsewhere."""
+    escape = description.outside()
+    if escape:
+        raise ExportError(escape)
+
+
 def export(description: ModelDescription, repo: Path, args: argparse.Namespace) -> Path:
     """Everything the description implies into `repo`; returns the model.pt. Checks all before it writes anything."""
+    confine(description)
     info = _source_info(description, args)
     labels = _labels(description)
     model_dir = repo / description.name
@@ -378,6 +387,7 @@ def export(description: ModelDescription, repo: Path, args: argparse.Namespace) 
         shutil.copyfile(description.path, placed)
         print(f"export_model: copied {description.path} to {placed}")
     repo_description = load(placed)
+    confine(repo_description)  # labels.txt is written there: never through a link out of the folder
     for rel in model_repo.write(repo_description, repo):
         print(f"export_model: wrote {repo / rel}")
     no_encoded(repo_description)

@@ -16,8 +16,8 @@ gives the same tensor):
              GPU); nearest and nearest-exact: the source pixel Pillow's NEAREST picks (the legacy app's PIL
              path uses it for both), bit for bit. box, hamming and lanczos have no tensor resize in
              torchvision: the description refuses the encoded transport for them (app/description.py).
-  crop       `crop` (N or "h,w") at torchvision's CenterCrop offsets, round((h - crop) / 2), after CenterCrop's
-             zero padding where the resized image is smaller than the crop (possible with max_size only)
+  crop       `crop` (N or "h,w") at torchvision's CenterCrop offsets, round((h - crop) / 2),
+             after its zero padding where the resized image is smaller than the crop (with max_size only)
   normalise  ToTensor (float32 division by 255; to_float = multiply: v2's ToDtype, x * float32(1/255)),
              then (x - mean) / std per channel, divisors as tensors
 
@@ -65,7 +65,7 @@ def _floats(name: str, text: str) -> tuple[float, float, float]:
 
 
 def _size(name: str, text: str) -> int | tuple[int, int]:
-    """"N" (an int: Resize's short side, a square crop) or "H,W" (height, width)."""
+    """One whole number (Resize's short side, a square crop) or two, "height,width"."""
     values = [int(x) for x in text.split(",")]
     if len(values) not in (1, 2) or min(values) < 1:
         raise ValueError(f"parameter {name} must be a whole number or height,width, got {text!r}")
@@ -203,10 +203,10 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> list[Any]:
         uploads = [pb_utils.get_input_tensor_by_name(r, self.input_name).as_numpy().reshape(-1) for r in requests]
         images = iter(self._decode([np.frombuffer(bytes(u), dtype=np.uint8) for rows in uploads for u in rows]))
-        crop = self.transform.crop
+        crop_h, crop_w = self.transform.crop
         responses = []
         for rows in uploads:
-            tensors = self.torch.zeros((len(rows), 3, crop, crop), dtype=self.torch.float32, device=self.device)
+            tensors = self.torch.zeros((len(rows), 3, crop_h, crop_w), dtype=self.torch.float32, device=self.device)
             readable = np.zeros((len(rows), 1), dtype=bool)
             for row in range(len(rows)):
                 image = next(images)

@@ -4,8 +4,8 @@ non-square input (wide_app). Each is exported from its description (examples/mod
 repository of their own, served by a Triton of this module's own (the session's stays as it is), and answered by
 its own legacy app (examples/legacy_app.py with the form's transform) and by a shim (shadow mode, then triton
 by shim-traffic): the same classes through Triton and through the legacy backend. The encoded transport's decode
-step, generated from the same description, serves v2_app (torch's own tensor resize: the legacy tensor exactly)
-and wide_app (non-square, within a pixel level).
+step, generated from the same description, serves v2_app (torch's own tensor resize: the legacy tensor exactly),
+squash_app (a fixed size) and wide_app (non-square), those two within the step's pixel levels.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from tests.uploads import valid_uploads
 
 pytestmark = pytest.mark.triton
 FORMS = ("preset_app", "v2_app", "squash_app", "wide_app")
-ENCODED_FORMS = ("v2_app", "wide_app")  # one decode step per resize kind: torch's own on the tensor, non-square
+# a decode step per resize kind: torch's own on the tensor, a fixed size, non-square (the preset is the classic's)
+ENCODED_FORMS = ("v2_app", "squash_app", "wide_app")
 UPLOADS = valid_uploads()
 SCORE_TOLERANCE = 1e-4
 
@@ -139,7 +140,8 @@ def test_triton_serves_the_forms_input_shape_and_preprocessing(form: Form, forms
 def test_the_encoded_transport_serves_the_form(form: Form, forms_triton: EmbeddedTriton,
                                                tmp_path_factory: pytest.TempPathFactory) -> None:
     """v2_app: the decode step resizes the uint8 tensor with v2's own resize, so its tensor is the legacy app's
-    exactly and so are the answers; wide_app: a non-square input, within a pixel level of the legacy tensor."""
+    exactly; squash_app and wide_app (a fixed size, a non-square input): within two pixel levels (the step's
+    torch resize against Pillow's, tests/unit/test_decode_step.py)."""
     import tritonclient.http as httpclient
 
     from app.preprocess import decode, to_tensor

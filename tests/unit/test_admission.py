@@ -136,7 +136,7 @@ def test_a_large_upload_waits_for_a_slot_and_is_answered(tmp_path: Path) -> None
     and is answered as any upload is; while both slots are held, it waits instead of being read."""
     from tests.unit.test_api import JPEG
 
-    app = make_app(tmp_path, max_pending=8, threads=12)
+    app = make_app(tmp_path, max_pending=8)
     padded = JPEG + b"\0" * (LARGE_BODY_BYTES + 1)
     admission = app.flask.extensions["shim"].admission
     held = [admission._large.take() for _ in range(LARGE_SLOTS)]

@@ -342,3 +342,15 @@ def test_the_dynamic_batchers_tuning_is_written_into_every_config_that_batches()
         mc.ModelConfig())
     assert (list(default.dynamic_batching.preferred_batch_size),
             default.dynamic_batching.max_queue_delay_microseconds) == ([8, 16, 32], 500)
+
+
+def test_a_link_out_of_the_models_folder_stops_the_export_naming_the_field(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("".join(f"s{i}\n" for i in range(4)))
+    path = write(tmp_path, '[model]\ntorchvision = "resnet18"\n'
+                           '[output]\nclasses = 4\ntop_k = 2\nlabels_from = "team.txt"\n')
+    (path.parent / "team.txt").symlink_to(secret)
+    with pytest.raises(SystemExit, match=r"\[output\] labels_from = 'team.txt' resolves to .*secret.txt, outside "
+                                         r"the model's folder"):
+        export([str(path), "--repo", str(tmp_path / "repo")])
+    assert not (tmp_path / "repo").exists()
