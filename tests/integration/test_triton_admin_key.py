@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from app.backends.triton import TritonBackend
 from devstack import EmbeddedTriton, EmbeddedTritonConfig
 from devstack.__main__ import parse_args
 from tests.conftest import start_shim
-from tests.support import encode, free_ports, photo
+from tests.support import ROOT, encode, free_ports, photo
 
 pytestmark = pytest.mark.triton
 KEY = secrets.token_hex(16)
@@ -90,6 +91,7 @@ def test_the_shim_with_the_key_from_a_file_sends_through_shared_memory_and_clean
     labels = tmp_path / "repo" / "resnet50" / "labels.txt"
     labels.parent.mkdir(parents=True)
     write_labels("resnet50", labels)
+    shutil.copy(ROOT / "triton_repo" / "resnet50" / "model.toml", labels.parent)  # the description beside them
     secret = tmp_path / "triton-admin-key"
     secret.write_text(KEY + "\n")
     served = start_shim(tmp_path, triton_url=locked.http_url, repo=labels.parent.parent, model_pt=test_model_pt,
