@@ -19,6 +19,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -89,6 +90,10 @@ def main() -> int:
     env.pop("SHIM_TRITON_ADMIN_KEY_FILE", None)  # read above: the shim gets the key itself
     if args.mode:
         env["SHIM_MODE"] = args.mode
+    # A flag file shim-traffic can find from another shell; this run's switches last until the next run.
+    if not env.get("SHIM_FLAG_FILE"):
+        env["SHIM_FLAG_FILE"] = str(Path(tempfile.gettempdir()) / f"shim-traffic-{args.port}.json")
+        Path(env["SHIM_FLAG_FILE"]).unlink(missing_ok=True)  # the last run's switches
     shim = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"], cwd=ROOT, env=env)
     status = 0
     try:
@@ -98,6 +103,7 @@ run_local: the shim is ready on http://localhost:{args.port}  (Ctrl-C stops the 
   curl -F image=@your.jpg http://localhost:{args.port}/predict
   python -c 'import requests; print(requests.post("http://localhost:{args.port}/predict",
              files={{"image": open("your.jpg", "rb")}}).json())'
+  SHIM_FLAG_FILE={env["SHIM_FLAG_FILE"]} shim-traffic set canary --canary-percent 10   # every worker
 
 run_local: Triton's model-repository, shared-memory, trace and logging APIs need this run's admin key:
   export KEY={key}

@@ -23,7 +23,6 @@ import json
 import os
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -44,11 +43,6 @@ from app.scores import SCORE_FUNCTIONS, softmax
 from app.service import top_k
 from app.settings import Settings, SettingsError
 from report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits, from_top_k
-
-BACKEND_HEADER = "X-Shim-Backend"  # app/api.py: on requests the override, on answers who answered
-# The contract's refusals of an input: the same answer from both backends makes the file a skipped input.
-INPUT_REFUSALS = {"missing_image", "empty_image", "invalid_image", "too_large"}
-LOAD_ALLOWANCE_S = 180.0  # how long a shim's warm-up may answer 503/504 while its legacy model loads
 
 
 class Unusable(Exception):

@@ -73,7 +73,7 @@ def encoded_backend(triton: EmbeddedTriton, repo: Path) -> TritonBackend:
     from app.wiring import triton_backend
 
     settings = Settings(triton_url=triton.http_url, model_repository=repo, transport="encoded",
-                        triton_timeout_s=60, readiness_timeout_s=5)
+                        triton_timeout_s=60)
     return triton_backend(settings, resolve(settings))
 
 

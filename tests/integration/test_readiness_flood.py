@@ -104,8 +104,7 @@ def relay(triton: EmbeddedTriton) -> Iterator[HangingRelay]:
 def test_a_readyz_flood_against_a_hung_triton_keeps_healthz_answering_and_one_check_per_worker(
         relay: HangingRelay, test_repo: Path, test_model_pt: Path, tmp_path: Path) -> None:
     shim = start_shim(tmp_path, triton_url=f"127.0.0.1:{relay.port}", repo=test_repo, model_pt=test_model_pt,
-                      mode="triton", transport="fp32", workers=WORKERS, threads=16, max_pending=8,
-                      readiness_timeout_s=1)
+                      mode="triton", transport="fp32", workers=WORKERS, max_pending=8)
     stop = threading.Event()
     answers: list[int] = []
     ages: list[float] = []

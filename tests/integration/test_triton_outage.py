@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from app.breaker import FAILURES
 from devstack import EmbeddedTriton
 from tests.conftest import start_shim, start_triton
 from tests.support import encode, metric_max, photo, scrape, wait_until
@@ -27,8 +28,7 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
     repo = write_standin_repo(tmp_path / "triton_repo")
     triton = start_triton(repo, tmp_path / "cache")
     shim = start_shim(tmp_path, triton_url=triton.http_url, repo=repo, model_pt=test_model_pt,
-                      triton_timeout_s=TIMEOUT_S, triton_connect_timeout_s=1, breaker_failures=3, breaker_reset_s=1,
-                      workers=1)
+                      triton_timeout_s=TIMEOUT_S, workers=1)
     image = encode(photo(640, 480), "JPEG")
     try:
         shim.wait("/readyz")
@@ -40,7 +40,7 @@ def test_predict_and_readiness_turn_503_while_triton_is_down_and_recover(tmp_pat
         assert down.status_code == 503, down.text
         assert down.json()["error"] == "backend_unavailable"
         assert set(down.json()) == {"error", "message"}
-        for _ in range(3):  # the breaker opens: later requests are refused without calling Triton
+        for _ in range(FAILURES):  # the breaker opens: later requests are refused without calling Triton
             again = requests.post(shim.url + "/predict", files={"image": image}, timeout=60)
             assert again.status_code == 503 and again.json()["error"] == "backend_unavailable"
         assert "circuit is open" in again.json()["message"]

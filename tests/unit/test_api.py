@@ -167,9 +167,8 @@ def shim_traffic(app: App, monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
     """The shim-traffic command, as an operator runs it beside the shim (its SHIM_* environment)."""
     from app.traffic import main
 
+    monkeypatch.setattr("app.capabilities.legacy_lacks", lambda path: None)  # the fake legacy backend runs anywhere
     repo = app.flask.extensions["shim"].settings.model_repository
-    (repo / "resnet50" / "1").mkdir(exist_ok=True)
-    (repo / "resnet50" / "1" / "model.pt").touch()  # the legacy model it checks for (the fake loads none)
     monkeypatch.setenv("SHIM_MODEL_REPOSITORY", str(repo))
     monkeypatch.setenv("SHIM_FLAG_FILE", str(app.flag_file))
     return main(list(args))

@@ -30,11 +30,11 @@ def test_a_switch_to_legacy_clears_the_circuit_gauge_and_a_switch_back_shows_it_
     try:
         open_the_circuit(rig)
         assert counter(metrics.CIRCUIT_OPEN, "triton") == 1
-        rig.router.flag.write({"mode": "legacy", "reason": "incident"}, updated_by="admin-api")
+        rig.router.flag.write({"mode": "legacy", "reason": "incident"}, updated_by="shim-traffic")
         assert counter(metrics.CIRCUIT_OPEN, "triton") == 0, "legacy sends nothing to Triton: nothing is kept away"
         assert ask(rig.router, 2.0) == (2.0, "legacy", None)
         assert counter(metrics.CIRCUIT_OPEN, "triton") == 0
-        rig.router.flag.write({"mode": "triton"}, updated_by="admin-api")
+        rig.router.flag.write({"mode": "triton"}, updated_by="shim-traffic")
         assert counter(metrics.CIRCUIT_OPEN, "triton") == 1, "still open, and Triton's traffic is back"
     finally:
         rig.router.close()

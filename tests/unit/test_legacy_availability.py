@@ -39,6 +39,10 @@ def test_the_check_names_torch_or_the_model_file(tmp_path: Path) -> None:
 def test_shim_traffic_refuses_a_mode_that_needs_legacy_naming_what_is_missing(
         tmp_path: Path, change: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Here the legacy model file is missing (the repository has no export): the switch is refused, the file kept."""
+    import app.capabilities
+
+    real = app.capabilities.legacy_lacks
+    monkeypatch.setattr("app.capabilities.legacy_lacks", lambda path: real(path, find_spec=lambda name: object()))
     monkeypatch.setenv("SHIM_MODEL_REPOSITORY", str(write_model_repo(tmp_path / "repo")))
     flag = tmp_path / "traffic.json"
     assert shim_traffic(["--flag-file", str(flag), "set", *change]) == 2

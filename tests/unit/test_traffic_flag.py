@@ -54,9 +54,9 @@ def test_flag_file_switches_keeps_the_last_good_state_and_falls_back_to_settings
     flag = TrafficFlag(path, TrafficState(mode=Mode.TRITON), poll_s=POLL_S, clock=clock)
     assert (flag.current().mode, flag.current().source) == (Mode.TRITON, "env")
 
-    state = flag.write({"mode": "canary", "canary_percent": 25, "reason": "ramp"}, updated_by="admin-api")
+    state = flag.write({"mode": "canary", "canary_percent": 25, "reason": "ramp"}, updated_by="shim-traffic")
     assert (state.mode, state.canary_percent, state.source, state.updated_by) == (Mode.CANARY, 25, "flag-file",
-                                                                                  "admin-api")
+                                                                                  "shim-traffic")
     other_worker = TrafficFlag(path, TrafficState(mode=Mode.TRITON), poll_s=POLL_S, clock=clock)
     assert other_worker.current() == state
 
@@ -89,10 +89,10 @@ def test_invalid_updates_are_refused_with_a_reason(tmp_path: Path, bad: dict) ->
 def test_a_writer_cannot_say_who_when_or_where_a_change_came_from(tmp_path: Path, field: str) -> None:
     flag = TrafficFlag(tmp_path / "t.json", TrafficState(mode=Mode.TRITON), poll_s=POLL_S)
     with pytest.raises(InvalidTraffic, match=f"unknown fields '{field}'"):
-        flag.write({"mode": "legacy", field: "auto-rollback"}, updated_by="admin-api")
+        flag.write({"mode": "legacy", field: "auto-rollback"}, updated_by="shim-traffic")
     assert not (tmp_path / "t.json").exists()
-    state = flag.write({"mode": "legacy"}, updated_by="admin-api")
-    assert state.updated_by == "admin-api" and state.updated_at.startswith("20")
+    state = flag.write({"mode": "legacy"}, updated_by="shim-traffic")
+    assert state.updated_by == "shim-traffic" and state.updated_at.startswith("20")
 
 
 def test_a_flag_file_written_by_hand_keeps_its_audit_fields_within_bounds(tmp_path: Path) -> None:
@@ -129,7 +129,7 @@ def test_a_configmap_style_flag_is_followed_and_a_read_only_one_is_refused_with_
     read_only = TrafficFlag(Path("/proc/flask-triton-shim/traffic.json"), TrafficState(mode=Mode.LEGACY),
                             poll_s=POLL_S)  # /proc refuses new files even to root, as a ConfigMap mount does
     with pytest.raises(FlagNotWritable, match="change the ConfigMap instead"):
-        read_only.write({"mode": "triton"}, updated_by="admin-api")
+        read_only.write({"mode": "triton"}, updated_by="shim-traffic")
     assert read_only.current().mode is Mode.LEGACY
 
 
