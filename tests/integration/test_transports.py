@@ -50,7 +50,8 @@ def triton_counts(triton: EmbeddedTriton, model: str) -> tuple[float, float]:
 
 def test_encoded_sends_a_batch_as_one_request_and_a_corrupt_upload_fails_alone(
         triton: EmbeddedTriton, today: np.ndarray) -> None:
-    truncated = JPEGS[1][: len(JPEGS[1]) // 2]  # its header is fine: only the decoder finds it
+    at = JPEGS[1].find(b"\xff\xc4")  # a bogus Huffman table: the header and EOI are fine, only the decoder can tell
+    truncated = JPEGS[1][:at + 4] + b"\x00" + b"\xff" * 16 + JPEGS[1][at + 21:]
     requests_before, images_before = triton_counts(triton, "resnet50_encoded")
     rows = send("encoded", triton.http_url, [JPEGS[0], truncated, *JPEGS[2:]])
     requests_after, images_after = triton_counts(triton, "resnet50_encoded")
