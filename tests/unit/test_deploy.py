@@ -833,16 +833,28 @@ def mebibytes(quantity: str) -> float:
     return int(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
 
 
-CONNECTION_KIB = 16  # nginx's own per connection besides the body buffer: about 10 KiB (make hostile-test)
+CONNECTION_KIB = 16  # nginx's own per connection besides its buffers: about 10 KiB (make hostile-test)
 
 
-def test_the_proxys_memory_limit_holds_every_connection_with_a_full_body_buffer() -> None:
-    """What slow uploads can make nginx hold: every connection (worker_processes x worker_connections) with
-    its body buffer filled, plus nginx's own 32 MiB: under the proxy container's memory limit."""
+def kib(size: str) -> int:
+    match = re.fullmatch(r"(\d+)([km]?)", size)
+    assert match, size
+    return int(match.group(1)) * {"": 1 / 1024, "k": 1, "m": 1024}[match.group(2)]  # type: ignore[return-value]
+
+
+def test_the_proxys_memory_limit_holds_every_connection_with_its_header_buffers_and_the_bodies() -> None:
+    """What hostile clients can make nginx hold, from its configuration: every connection (worker_processes x
+    worker_connections) with all its large header buffers (kept for the request's life), the /predict bodies
+    the edge admits (shim_edge_predict) with their body buffer filled, and nginx's own 32 MiB: under the
+    proxy container's memory limit. make hostile-test (test_e_every_route.py) measures it at the limit."""
     workers = int(nginx_directive("worker_processes"))
     connections = int(nginx_directive("worker_connections"))
-    buffer_kib = int(directive_in(server_block("edge"), "client_body_buffer_size").removesuffix("k"))
-    worst_mib = workers * connections * (buffer_kib + CONNECTION_KIB) / 1024 + 32
+    count, size = nginx_directive("large_client_header_buffers").split()
+    header_kib = int(count) * kib(size)
+    edge = server_block("edge")
+    buffer_kib = kib(directive_in(edge, "client_body_buffer_size"))
+    bodies = int(re.search(r"limit_conn shim_edge_predict (\d+);", location_block(edge, "= /predict")).group(1))  # type: ignore[union-attr]
+    worst_mib = (workers * connections * (header_kib + CONNECTION_KIB) + bodies * buffer_kib) / 1024 + 32
     limit = mebibytes(k8s_proxy()["resources"]["limits"]["memory"])
     assert worst_mib <= limit, f"{worst_mib:.0f} MiB of slow uploads over the proxy's limit of {limit:.0f} MiB"
     assert limit <= 2 * worst_mib, "the limit is far above what nginx can hold: derive it again"
@@ -887,11 +899,13 @@ def test_check_limits_refuses_every_pair_that_disagrees() -> None:
 def test_the_proxy_agrees_with_the_shims_settings() -> None:
     settings = Settings()
     edge, admission = server_block("edge"), server_block("admission")
-    assert nginx_directive("client_max_body_size") == "${PROXY_MAX_BODY_MB}m"
+    assert directive_in(edge, "client_max_body_size", "= /predict") == "${PROXY_MAX_BODY_MB}m"
+    assert nginx_directive("client_max_body_size") == "1k"  # every other path: no body (413 before reading)
     # /predict: the budget applies at the admission server, to complete requests only; the edge limits what
     # one address has in progress, its body still arriving included.
     assert directive_in(admission, "limit_conn", "= /predict") == "shim_predict_total ${PROXY_MAX_INFLIGHT}"
-    assert directive_in(edge, "limit_conn", "= /predict") == "shim_predict_per_client 32"
+    predict_limits = re.findall(r"limit_conn (\w+ \d+);", location_block(edge, "= /predict"))
+    assert predict_limits == ["shim_predict_per_client 32", "shim_client_requests 64", "shim_edge_predict 512"]
     assert "shim_predict_total" not in edge and "shim_predict_per_client" not in admission
     assert directive_in(edge, "proxy_request_buffering") == "on"  # the whole body before the admission server
     assert directive_in(edge, "proxy_pass", "= /predict") == "http://shim_admission"
@@ -908,14 +922,20 @@ def test_the_proxy_agrees_with_the_shims_settings() -> None:
     assert seconds(directive_in(admission, "proxy_read_timeout")) >= settings.triton_timeout_s + 5
     assert seconds(directive_in(edge, "proxy_read_timeout", "= /predict")) > \
         seconds(directive_in(admission, "proxy_read_timeout"))
-    # Probes: straight from the edge to gunicorn (no budget, no extra hop), never limited; nginx gives /readyz
+    # Probes: straight from the edge to gunicorn (no budget, no extra hop), limited only as every path is (the
+    # address's requests in progress, inherited from the server), without a body; nginx gives /readyz
     # more than the shim's readiness deadline, and the kubelet more than nginx.
     for path in ("/healthz", "/readyz"):
         assert directive_in(edge, "proxy_pass", f"= {path}") == "http://shim"
         assert settings.readiness_timeout_s + 0.5 <= seconds(directive_in(edge, "proxy_read_timeout",
                                                                           f"= {path}")) <= 2
         assert "limit_conn" not in location_block(edge, f"= {path}") and f"= {path}" not in admission
-    assert directive_in(edge, "proxy_pass", "/") == "http://shim"
+        assert "if ($shim_has_body) { return 413; }" in location_block(edge, f"= {path}")
+    assert directive_in(edge, "limit_conn") == "shim_client_requests 64"  # the server's: every location
+    # Nothing but /predict, the probes and /openapi.json reaches gunicorn from the public port.
+    assert set(re.findall(r"location (= /[\w.-]+|/) \{", edge)) == \
+        {"= /predict", "= /healthz", "= /readyz", "= /proxy-healthz", "= /openapi.json", "/"}
+    assert "proxy_pass" not in location_block(edge, "/")
     assert k8s_proxy()["readinessProbe"]["timeoutSeconds"] > seconds(directive_in(edge, "proxy_read_timeout",
                                                                                  "= /readyz"))
     # Upstream keep-alive: nginx drops an idle connection before gunicorn does, never reusing one it closes.
@@ -996,3 +1016,18 @@ def test_kustomize_generates_the_proxy_configmap_from_deploy_nginx(tmp_path: Pat
     for version in K8S_VERSIONS:
         result = run(tool("kubernetes-validate"), "--strict", "-k", version, built)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_proxys_temporary_files_fit_the_volume_that_holds_them() -> None:
+    """client_body_temp holds the /predict bodies the edge admits (shim_edge_predict, all addresses), each up to
+    the upload limit; no other path takes a body. The proxy-cache emptyDir's sizeLimit is that and a margin,
+    so nginx's bound comes before the kubelet's eviction."""
+    edge = server_block("edge")
+    bodies = int(re.search(r"limit_conn shim_edge_predict (\d+);", location_block(edge, "= /predict")).group(1))  # type: ignore[union-attr]
+    env = {e["name"]: e.get("value") for e in k8s_proxy()["env"]}
+    worst_gib = bodies * int(env["PROXY_MAX_BODY_MB"]) / 1024
+    volumes = k8s_object("Deployment", "shim")["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == "proxy-cache"]
+    size = mebibytes(volume["emptyDir"]["sizeLimit"]) / 1024
+    assert worst_gib < size <= worst_gib + 2, f"sizeLimit {size} GiB for {worst_gib} GiB of bodies"
+    assert nginx_directive("client_max_body_size") == "1k"  # no other path stores a body
