@@ -31,7 +31,6 @@ from tests.deploy_support import (
     COMPOSE,
     DOCKERFILES,
     K8S,
-    TRITON_ADMIN_HEADER,
     adapter_query,
     adapter_rules,
     compose,
@@ -48,7 +47,6 @@ from tests.deploy_support import (
     run,
     series_name,
     tool,
-    triton_command,
     yaml_docs,
 )
 from tests.support import ROOT
@@ -80,10 +78,10 @@ def test_compose_runs_triton_on_a_gpu_with_the_repository_read_only_and_hot_relo
     (gpu,) = triton["deploy"]["resources"]["reservations"]["devices"]
     assert gpu["driver"] == "nvidia" and gpu["capabilities"] == ["gpu"]
     assert "./triton_repo:/models:ro" in triton["volumes"]
-    script, args = triton_command(triton["command"])
-    assert args[:1] == ["tritonserver"] and 'exec "$$@"' in script  # the script runs the command after it
-    assert {"--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"} <= set(args)
-    assert set(triton["expose"]) == {"8000", "8001", "8002"}
+    args = triton["command"]
+    assert args[:1] == ["tritonserver"]  # no script in front: nothing read from files onto the command line
+    assert {"--model-repository=/models", "--model-control-mode=poll", "--allow-grpc=false"} <= set(args)
+    assert set(triton["expose"]) == {"8000", "8002"}
     size = re.fullmatch(r"(\d+)(gb|mb)", triton["shm_size"])
     assert size and int(size.group(1)) * (1024 if size.group(2) == "gb" else 1) >= 256, triton["shm_size"]
     assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
@@ -123,59 +121,53 @@ def test_compose_publishes_no_triton_port_and_only_the_shim_and_prometheus_share
     on_inference = {name for name, s in services.items() if "inference" in s.get("networks", [])}
     assert on_inference == {"triton", "shim", "prometheus"}, on_inference
     # Everything but the one-shots joins named networks only: no service lands on a shared default network.
-    assert {name for name, s in services.items() if "networks" not in s} == {"triton-keys", "model-export"}
-    assert services["triton-keys"]["network_mode"] == "none"
+    assert {name for name, s in services.items() if "networks" not in s} == {"model-export"}
     assert services["proxy"]["networks"] == ["edge"] and set(services["shim"]["networks"]) == {"edge", "inference"}
     published = {name for name, s in services.items() if s.get("ports")}
     assert published == {"proxy", "prometheus", "grafana"}, published
 
 
-def test_compose_restricts_tritons_admin_apis_with_keys_that_a_one_shot_service_writes() -> None:
+CLOSED_HEADER = "closed:api"  # a ':' ends a header's name: no HTTP request can carry this one
+
+
+def closed_apis(args: list[str]) -> set[str]:
+    """The APIs a Triton command line closes (restricted to CLOSED_HEADER); fails on any other restriction."""
+    groups = restricted_groups(" ".join(args))
+    assert not groups["grpc"] and "--allow-grpc=false" in args, "gRPC is served: the shim speaks HTTP only"
+    assert {header for header, _ in groups["http"].values()} == {CLOSED_HEADER}, groups  # no key anywhere
+    return set().union(*groups["http"])
+
+
+def test_no_secret_is_on_tritons_command_line_in_compose_what_needed_a_key_is_closed_or_absent() -> None:
+    """tritonserver takes restricted-API keys on its command line only, which every user of the host reads
+    (`ps`, /proc/*/cmdline): compose gives it none. Poll mode (Triton refuses load/unload there), no gRPC,
+    the model-repository, trace and logging APIs closed; shared memory open to the `inference` network, where
+    the shim registers its regions."""
     services = compose()["services"]
-    triton, shim, keys = services["triton"], services["shim"], services["triton-keys"]
-    script, _ = triton_command(triton["command"])
-    groups = restricted_groups(script)
-    for protocol in ("http", "grpc"):
-        assert set().union(*groups[protocol]) == RESTRICTED, groups[protocol]  # each once (Triton's own rule)
-        assert sum(len(apis) for apis in groups[protocol]) == len(RESTRICTED)
-        assert {header for header, _ in groups[protocol].values()} == {TRITON_ADMIN_HEADER}
-    # Two keys: the shim holds only the shared-memory one, the operator's admin key stays in Triton.
-    shm_key = groups["http"][frozenset({"shared-memory"})][1]
-    admin_key = groups["http"][frozenset({"model-repository", "trace", "logging"})][1]
-    files = dict(re.findall(r"^(\w+)=\$\$\(cat (\S+)\)$", script, re.M))
-    assert files == {"shm": "/run/triton-keys/shared-memory", "admin": "/run/triton-keys/admin"}
-    assert (shm_key, admin_key) == ("$$shm", "$$admin") and "set -e" in script  # a missing key stops Triton
-    assert shim_env()["SHIM_TRITON_ADMIN_KEY_FILE"] == files["shm"]
-    assert shim_env()["SHIM_SHM_MODE"] == "0660" and triton["group_add"] == ["10001"]  # the shim's gid (Dockerfile)
+    for name in ("triton",):
+        assert closed_apis(services[name]["command"]) == RESTRICTED - {"shared-memory"}
+        assert "--model-control-mode=poll" in services[name]["command"]
+    text = COMPOSE.read_text() + CPU_OVERRIDE.read_text() + CI_OVERRIDE.read_text()
+    assert "triton-keys" not in text and "admin-key" not in text and "ADMIN_KEY" not in text
+    assert not {k for k in shim_env() if k.startswith("SHIM_TRITON_ADMIN")}
+    assert shim_env()["SHIM_SHM_MODE"] == "0660" and services["triton"]["group_add"] == ["10001"]  # the shim's gid
     assert "groupadd --system --gid 10001 shim" in (ROOT / "Dockerfile").read_text()
-    # The key service writes both files once, the admin key readable by Triton's user alone.
-    code = keys["entrypoint"][2]
-    assert keys["entrypoint"][:2] == ["python", "-c"] and "secrets.token_hex(32)" in code and "if path.exists()" in code
-    assert '("admin", 1000, 1000, 0o400)' in code and '("shared-memory", 10001, 10001, 0o440)' in code
-    mounts = {name: [v for v in s["volumes"] if v.startswith("triton-keys:")] for name, s in services.items()
-              if "volumes" in s}
-    assert {k: v for k, v in mounts.items() if v} == {"triton-keys": ["triton-keys:/run/triton-keys"],
-                                                      "triton": ["triton-keys:/run/triton-keys:ro"],
-                                                      "shim": ["triton-keys:/run/triton-keys:ro"]}
-    assert triton["depends_on"]["triton-keys"] == {"condition": "service_completed_successfully"}
-    assert shim["depends_on"]["triton"]["condition"] == "service_healthy"  # and so after the keys
-    # The key service runs the shim's image, which the shim service builds.
-    assert keys["image"] == shim["image"] and "build" not in keys
+    assert services["shim"]["ipc"] == "service:triton"  # the regions: in Triton's IPC namespace, the shim's alone
 
 
-def test_kubernetes_restricts_tritons_admin_apis_with_the_key_of_a_secret_it_does_not_ship() -> None:
+def test_kubernetes_gives_triton_no_secret_and_closes_what_needed_one() -> None:
     triton = container(k8s_object("Deployment", "triton"))
-    groups = restricted_groups(" ".join(triton["args"]))
-    for protocol in ("http", "grpc"):
-        (apis,) = groups[protocol]
-        assert apis == RESTRICTED and groups[protocol][apis] == (TRITON_ADMIN_HEADER, "$(TRITON_ADMIN_KEY)")
-    (env,) = [e for e in triton["env"] if e["name"] == "TRITON_ADMIN_KEY"]
-    assert env["valueFrom"]["secretKeyRef"] == {"name": "triton-admin", "key": "key"}  # not optional
+    assert closed_apis(triton["args"]) == RESTRICTED  # no pod shares Triton's /dev/shm: shared memory closed too
+    assert "--model-control-mode=poll" in triton["args"]
+    assert not [e for e in triton.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
+    assert "grpc" not in {p["name"] for p in triton["ports"]}
     assert not [o for o in k8s_objects() if o["kind"] == "Secret"], "a secret value is committed"
-    section = readme_section("Scale out on Kubernetes")
-    assert "create secret generic triton-admin" in section
-    # The hot reload in every Triton pod, with the key Kubernetes gives Triton's container.
-    assert 'os.environ["TRITON_ADMIN_KEY"]' in section and "/v2/repository/models/resnet50/load" in section
+
+
+def test_the_readme_asks_for_no_triton_key() -> None:
+    """README's deployment sections name neither compose's key volume nor the Kubernetes Secret, both gone."""
+    assert "triton-keys" not in readme_section("Deploy with docker compose on a GPU host")
+    assert "triton-admin" not in readme_section("Scale out on Kubernetes")
 
 
 def test_compose_profiles_and_mounted_files() -> None:
@@ -341,7 +333,7 @@ def test_network_policies_admit_triton_from_shim_pods_and_prometheus_only() -> N
             ([{**peer} for peer in rule.get("from", [])], sorted(port["port"] for port in rule["ports"]))
             for rule in policy["spec"]["ingress"]]
     shim_pods = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "shim"}}}
-    assert by_name["triton"] == [([shim_pods], ["grpc", "http"]), ([prometheus], ["metrics"])]
+    assert by_name["triton"] == [([shim_pods], ["http"]), ([prometheus], ["metrics"])]
     # The shim: its clients at nginx from anywhere; gunicorn's own port to Prometheus alone.
     assert by_name["shim"] == [([], ["http"]), ([prometheus], ["app"])]
     assert len(policies) == len(workloads())
@@ -430,9 +422,6 @@ def test_readme_compose_commands_name_services_profiles_and_files_that_exist() -
             assert set(positionals) <= set(services), positionals
         if sub == "exec" and positionals[0] == "shim":
             assert env["SHIM_FLAG_FILE"] in positionals  # the flag file the README removes is the one in use
-        if sub == "exec" and positionals[0] == "triton":  # the hot reload, with the key triton-keys writes
-            script = positionals[-1]
-            assert "/run/triton-keys/admin" in script and "/v2/repository/models/resnet50/load" in script
     assert "model-export" in {p[0] for _, sub, p in calls if sub == "run"}
     files = {c[i + 1] for c in commands(section) if c[:2] == ["docker", "compose"]
              for i, arg in enumerate(c[:-1]) if arg in {"-f", "--file"}}
@@ -592,7 +581,7 @@ def test_the_ci_override_swaps_only_images_the_gpu_and_the_model_repository(tmp_
     override, merged = compose_override(CI_OVERRIDE)["services"], merged_with(CI_OVERRIDE)
     validate_compose(merged, tmp_path)
     allowed = {"triton": {"build", "image", "command", "volumes", "deploy", "ulimits"},
-               "shim": {"build", "image", "volumes"}, "prometheus": {"build", "image"}, "triton-keys": {"image"}}
+               "shim": {"build", "image", "volumes"}, "prometheus": {"build", "image"}}
     for name, service in override.items():
         assert set(service) <= allowed.get(name, {"build", "image"}), (name, set(service))
         assert service["image"].startswith("flask-triton-shim-ci/"), "CI images never take the product's names"
@@ -607,24 +596,23 @@ def test_the_ci_override_swaps_only_images_the_gpu_and_the_model_repository(tmp_
     assert not triton["deploy"]["resources"]["reservations"].get("devices")
     assert [v for v in triton["volumes"] if v.endswith(":/models:ro")] == ["./.cache/compose/standin-repo:/models:ro"]
     assert [v for v in triton["volumes"] if not v.endswith(":/models:ro")] == \
-        [v for v in base["triton"]["volumes"] if not v.endswith(":/models:ro")]  # the keys, as docker-compose.yml
+        [v for v in base["triton"]["volumes"] if not v.endswith(":/models:ro")]
 
 
 def test_the_ci_triton_command_is_what_app_embedded_triton_accepts() -> None:
-    """docker-compose.yml's script with its keys, in front of devstack, which passes what follows
-    `--` (the restricted APIs the script appends) on to tritonserver."""
+    """devstack in front of the wheel's tritonserver, in poll mode as docker-compose.yml's, with every other
+    option of docker-compose.yml's command after `--` (passed on to tritonserver)."""
     from devstack.__main__ import parse_args
 
     command = compose_override(CI_OVERRIDE)["services"]["triton"]["command"]
-    assert command[:4] == compose()["services"]["triton"]["command"][:4]  # sh -c SCRIPT NAME, unchanged
-    _, args = triton_command(command)
-    assert args[:3] == ["python", "-m", "devstack"] and args[-1] == "--"
-    config = parse_args([*args[3:], "--http-restricted-api=shared-memory:k=v"])
+    assert command[:3] == ["python", "-m", "devstack"]
+    config = parse_args(command[3:])
     assert config.host == "0.0.0.0" and str(config.model_repository) == "/models"
-    assert config.model_control_mode == "explicit"  # as docker-compose.yml's --model-control-mode=explicit
-    assert config.extra_args == ("--http-restricted-api=shared-memory:k=v",)
+    assert config.model_control_mode == "poll"  # devstack adds its own --repository-poll-secs
+    own = {"tritonserver", "--model-repository=/models", "--model-control-mode=poll", "--repository-poll-secs=15"}
+    assert config.extra_args == tuple(a for a in compose()["services"]["triton"]["command"] if a not in own)
     exposed = {int(p) for p in compose()["services"]["triton"]["expose"]}
-    assert {config.http_port, config.grpc_port, config.metrics_port} == exposed
+    assert {config.http_port, config.metrics_port} == exposed
 
 
 def docker_compose_v2() -> bool:
@@ -900,6 +888,7 @@ def test_the_proxy_agrees_with_the_shims_settings() -> None:
     settings = Settings()
     edge, admission = server_block("edge"), server_block("admission")
     assert directive_in(edge, "client_max_body_size", "= /predict") == "${PROXY_MAX_BODY_MB}m"
+    assert directive_in(admission, "client_max_body_size", "= /predict") == "${PROXY_MAX_BODY_MB}m"
     assert nginx_directive("client_max_body_size") == "1k"  # every other path: no body (413 before reading)
     # /predict: the budget applies at the admission server, to complete requests only; the edge limits what
     # one address has in progress, its body still arriving included.
