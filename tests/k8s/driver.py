@@ -236,8 +236,8 @@ def compose_images(stack: Stack) -> tuple[dict[str, str], dict[str, list[str]], 
 
 
 def without_key_script(command: list[str]) -> list[str]:
-    """A compose command less docker-compose.yml's script in front of it (`sh -c SCRIPT NAME server ...`, which
-    reads Triton's keys from the triton-keys volume): a pod takes its key from a Secret through its env."""
+    """A compose command less a script in front of it (`sh -c SCRIPT NAME server ...`): a pod's args are the
+    server's own."""
     return command[4:] if command[:2] == ["sh", "-c"] and len(command) > 4 else command
 
 
