@@ -33,7 +33,10 @@ RUN groupadd --gid 1000 triton-server \
  && chown triton-server:triton-server /var/cache/embedded-triton
 COPY --from=build /opt/triton /opt/triton
 WORKDIR /srv/triton
+# devstack runs the server; it reads model descriptions with app.description and modelrepo's generator.
 COPY app ./app
+COPY devstack ./devstack
+COPY modelrepo ./modelrepo
 USER 1000:1000
 EXPOSE 8000 8001 8002
 CMD ["python", "-m", "devstack", "--host", "0.0.0.0", "--model-repository", "/models", \

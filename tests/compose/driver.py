@@ -409,7 +409,7 @@ def ensure_base_image() -> str:
 
 
 def ensure_standin_repo() -> str:
-    run([sys.executable, ROOT / "tools" / "standin_repo.py", STANDIN_REPO], timeout=300)
+    run([sys.executable, "-m", "modelrepo.standin", STANDIN_REPO], timeout=300)
     for path in [STANDIN_REPO, *STANDIN_REPO.rglob("*")]:  # the containers' users are not root
         path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
     return f"{STANDIN_REPO.relative_to(ROOT)}: {', '.join(sorted(p.name for p in STANDIN_REPO.iterdir()))}"

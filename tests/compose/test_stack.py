@@ -285,7 +285,8 @@ def test_prometheus_scrapes_the_shim_and_triton(stack: Stack) -> None:
 def test_a_traffic_switch_lands_on_the_volume_and_survives_a_shim_restart(stack: Stack) -> None:
     switch = {"mode": "triton", "shadow_percent": 50, "reason": "compose-test"}
     # Not on the public port: nginx answers 404 and passes nothing on; gunicorn's own port takes it.
-    assert requests.put(f"{SHIM}/admin/traffic", json=switch, timeout=10).status_code == 404
+    assert requests.put(f"{SHIM}/admin/traffic", timeout=10).status_code == 404
+    assert requests.put(f"{SHIM}/admin/traffic", json=switch, timeout=10).status_code == 413  # no body read there
     assert requests.get(f"{SHIM}/traffic", timeout=10).status_code == 404
     assert requests.get(f"{SHIM}/metrics", timeout=10).status_code == 404
     assert inside_shim(stack, "PUT", "/admin/traffic", switch)[0] == 401
