@@ -85,7 +85,7 @@ ENCODED_REASONS = ("format", "jpeg_mode", "limits", "unreadable", "incomplete", 
 BACKEND_ERROR_CODES = ("backend_unavailable", "backend_timeout", "backend_error", "queue_timeout", "circuit_open")
 # Why nginx answered a request itself (deploy/nginx/nginx.conf.template, map $shim_refusal).
 PROXY_REASONS = ("client_limit", "overloaded", "too_large", "invalid_body", "bad_request", "client_timeout",
-                 "client_closed", "backend_unavailable", "backend_timeout", "proxy_error")
+                 "client_closed", "backend_unavailable", "backend_timeout", "proxy_error", "not_found")
 PROXY_PATHS = ("/predict", "/healthz", "/readyz")  # every other path counts as "other"
 
 

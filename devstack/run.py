@@ -5,9 +5,9 @@
 Triton's own log goes to a file (its path is printed); the shim logs JSON lines to this terminal.
 If either process dies, the other is stopped too, and the exit status says so.
 
-Triton's model-repository, shared-memory, trace and logging APIs are restricted to requests that carry an
-admin key: a new random one each run (or $SHIM_TRITON_ADMIN_KEY / $SHIM_TRITON_ADMIN_KEY_FILE), handed to
-Triton and to the shim, and printed with the hot-reload command that uses it.
+Triton listens on loopback with no admin key: tritonserver takes keys on its command line only, which
+every user of this host reads (`ps`), so a key would guard nothing from them. Its trace and logging APIs are
+closed (devstack.server.CLOSED_HEADER); load/unload (the hot reload) and shared memory stay open on loopback.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -52,15 +51,6 @@ def wait_for(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> bo
     return True
 
 
-def admin_key() -> tuple[str, str]:
-    """The key of Triton's restricted APIs for this run, and its header: the operator's, else a new one."""
-    header = os.environ.get("SHIM_TRITON_ADMIN_HEADER", "triton-admin-key")
-    key = os.environ.get("SHIM_TRITON_ADMIN_KEY", "")
-    if os.environ.get("SHIM_TRITON_ADMIN_KEY_FILE"):
-        key = Path(os.environ["SHIM_TRITON_ADMIN_KEY_FILE"]).read_text().strip()
-    return key or secrets.token_hex(16), header
-
-
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="run_local: %(message)s")
     args = parse_args()
@@ -69,10 +59,9 @@ def main() -> int:
         signal.signal(sig, lambda *_: stop.set())
 
     try:
-        key, header = admin_key()
         config = EmbeddedTritonConfig(model_repository=args.model_repository, http_port=args.triton_http_port,
                                       grpc_port=args.triton_grpc_port, metrics_port=args.triton_metrics_port,
-                                      admin_key=key, admin_header=header)
+                                      closed_apis=("trace", "logging"))
     except (OSError, EmbeddedTritonError) as e:
         print(f"run_local: {e}", file=sys.stderr)
         return 2
@@ -85,9 +74,9 @@ def main() -> int:
     print(f"run_local: Triton ready at {triton.http_url} (metrics {triton.metrics_url}, log {triton.log_path})",
           flush=True)
 
-    env = {**os.environ, "SHIM_TRITON_URL": triton.http_url, "SHIM_PORT": str(args.port),
-           "SHIM_TRITON_ADMIN_KEY": key, "SHIM_TRITON_ADMIN_HEADER": header}
-    env.pop("SHIM_TRITON_ADMIN_KEY_FILE", None)  # read above: the shim gets the key itself
+    env = {**os.environ, "SHIM_TRITON_URL": triton.http_url, "SHIM_PORT": str(args.port)}
+    for unused in ("SHIM_TRITON_ADMIN_KEY", "SHIM_TRITON_ADMIN_KEY_FILE"):  # this Triton wants none
+        env.pop(unused, None)
     if args.mode:
         env["SHIM_MODE"] = args.mode
     # A flag file shim-traffic can find from another shell; this run's switches last until the next run.
@@ -105,9 +94,8 @@ run_local: the shim is ready on http://localhost:{args.port}  (Ctrl-C stops the 
              files={{"image": open("your.jpg", "rb")}}).json())'
   SHIM_FLAG_FILE={env["SHIM_FLAG_FILE"]} shim-traffic set canary --canary-percent 10   # every worker
 
-run_local: Triton's model-repository, shared-memory, trace and logging APIs need this run's admin key:
-  export KEY={key}
-  curl -H "{header}: $KEY" -X POST http://{triton.http_url}/v2/repository/models/resnet50/load   # hot reload
+run_local: hot reload after a model's files change:
+  curl -X POST http://{triton.http_url}/v2/repository/models/resnet50/load
 """, flush=True)
         elif shim.poll() is None:
             print(f"run_local: the shim is up but not ready; see http://localhost:{args.port}/readyz", flush=True)

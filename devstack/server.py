@@ -24,12 +24,14 @@ from devstack.errors import EmbeddedTritonError
 from devstack.waiting import WaitTimeout, wait_for_http
 from devstack.wheel import TritonWheel, find_wheel, server_environment
 
-ADMIN_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{16,}$")  # what tritonserver's key flag syntax lets through
-
 log = logging.getLogger("embedded_triton")
 # The APIs an admin key restricts: load/unload, shared memory, tracing and logging settings. Inference,
 # health, metadata, model configs and statistics stay open (the shim and Prometheus need no key for them).
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
+# A header no HTTP request can carry (a ':' ends a header's name): APIs restricted to it are closed to
+# everyone, and no key exists to leak from tritonserver's command line.
+CLOSED_HEADER = "closed:api"
+_ADMIN_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{16,}$")  # Triton's flag syntax leaves no room for , : = or spaces
 # Error lines that a Triton without GPU always prints; they hide the real cause of a failed start.
 HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream",
             # nvImageCodec (resnet50_decode) names the GPU codecs it cannot load; its CPU decoder still works
@@ -56,7 +58,10 @@ class EmbeddedTritonConfig:
     exit_timeout_s: int = 3
     log_verbose: int = 0
     echo_log: bool = False  # also write Triton's log to stderr (the CLI does)
-    admin_key: str = field(default="", repr=False)  # set: RESTRICTED_APIS answer only requests with it
+    # Set: RESTRICTED_APIS answer only requests with it. tritonserver takes it on its command line, which
+    # every user of the host reads: for tests of a restricted Triton only; make run closes APIs instead.
+    admin_key: str = field(default="", repr=False)
+    closed_apis: tuple[str, ...] = ()  # answered 403 to every request (CLOSED_HEADER); not with admin_key
     admin_header: str = "triton-admin-key"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     gpu: bool = False  # keep KIND_GPU instances (a host with a GPU); by default every instance runs on the CPU
@@ -65,11 +70,15 @@ class EmbeddedTritonConfig:
         ports = [self.http_port, self.grpc_port, self.metrics_port]
         if len(set(ports)) != 3 or not all(0 < p < 65536 for p in ports):
             raise EmbeddedTritonError(f"HTTP, gRPC and metrics ports must be three distinct ports, got {ports}")
-        if self.admin_key and not ADMIN_KEY.match(self.admin_key):
+        if self.admin_key and not _ADMIN_KEY.match(self.admin_key):
             raise EmbeddedTritonError("the admin key must be at least 16 characters of letters, digits and ._~+/- "
                                       "(e.g. openssl rand -hex 16)")
         if not re.fullmatch(r"[A-Za-z0-9-]+", self.admin_header):
             raise EmbeddedTritonError(f"the admin header must be a header name, not {self.admin_header!r}")
+        if self.admin_key and self.closed_apis:
+            raise EmbeddedTritonError("an admin key restricts the admin APIs already: close none besides")
+        if not set(self.closed_apis) <= set(RESTRICTED_APIS):
+            raise EmbeddedTritonError(f"only {', '.join(RESTRICTED_APIS)} can be closed, not {self.closed_apis}")
         if self.model_control_mode not in {"explicit", "poll", "none"}:
             raise EmbeddedTritonError(f"model control mode must be explicit, poll or none, "
                                       f"not {self.model_control_mode!r}")
@@ -156,6 +165,9 @@ class EmbeddedTriton:
         if c.admin_key:  # Triton's own syntax: <api>,<api>:<header>=<value>, for HTTP and gRPC alike
             restricted = f"{','.join(RESTRICTED_APIS)}:{c.admin_header}={c.admin_key}"
             cmd += [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
+        if c.closed_apis:
+            closed = f"{','.join(c.closed_apis)}:{CLOSED_HEADER}=closed"
+            cmd += [f"--http-restricted-api={closed}", f"--grpc-restricted-protocol={closed}"]
         return [*cmd, *c.extra_args]
 
     def start(self) -> Self:

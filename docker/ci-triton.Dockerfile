@@ -33,6 +33,7 @@ RUN groupadd --gid 1000 triton-server \
  && chown triton-server:triton-server /var/cache/embedded-triton
 COPY --from=build /opt/triton /opt/triton
 WORKDIR /srv/triton
+# devstack runs the server; it reads model descriptions with app.description and modelrepo's generator.
 COPY app ./app
 COPY devstack ./devstack
 COPY modelrepo ./modelrepo

@@ -184,7 +184,7 @@ def triton_command(command: list[str]) -> tuple[str, list[str]]:
     return command[2], command[4:]
 
 
-_RESTRICTED = re.compile(r"--(http-restricted-api|grpc-restricted-protocol)=([a-z,-]+):([A-Za-z0-9-]+)=(\S+)")
+_RESTRICTED = re.compile(r"--(http-restricted-api|grpc-restricted-protocol)=([a-z,-]+):([A-Za-z0-9:-]+)=(\S+)")
 
 
 def restricted_groups(text: str) -> dict[str, dict[frozenset[str], tuple[str, str]]]:

@@ -3,8 +3,8 @@
 The stack is docker-compose.yml with tests/compose/ci.yml (the wheel's Triton serving the numpy stand-in
 repository, no GPU reservation, local images); every request goes through the ports it publishes: port
 5000 is nginx (the `proxy` service) in front of the shim, which is not published, and nor is Triton: it is
-checked from the compose network (Prometheus, on Triton's network; the proxy, not on it) and with the keys
-of its restricted APIs. The tests run in this order and share one stack: the last one takes it down.
+checked from the compose network (Prometheus, on Triton's network; the proxy, not on it); no process of the
+stack holds a secret in its arguments. The tests run in this order and share one stack: the last one takes it down.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import concurrent.futures
 import json
 import os
 import re
-import shlex
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import yaml
 
 from devstack.waiting import http_status
 from tests.compose.driver import COMPOSE_FILES, PROJECT, STANDIN_REPO, Stack
-from tests.support import ROOT, encode, photo, standin_answer, wait_until
+from tests.support import encode, photo, standin_answer, wait_until
 
 if os.environ.get("COMPOSE_STACK") != "1":  # named on the command line, collect_ignore does not apply
     pytest.skip("the compose stack runs under `make compose-test` (COMPOSE_STACK=1)", allow_module_level=True)
@@ -89,43 +89,30 @@ def test_tritons_ports_are_published_nowhere_and_nothing_answers_on_the_host(sta
             sock.connect(("127.0.0.1", port))
 
 
-def test_from_a_container_that_is_not_the_shim_triton_is_unreachable_or_refuses_without_a_key(stack: Stack) -> None:
+def test_from_a_container_that_is_not_the_shim_triton_is_unreachable_or_its_admin_apis_closed(stack: Stack) -> None:
     """The proxy is not on Triton's network: it cannot even resolve it. Prometheus is (it scrapes port 8002):
-    from there, every restricted API answers 403 without the key, and the shim's shared-memory key opens the
-    shared-memory API only; Triton goes on serving."""
+    from there the model-repository, trace, logging and shared-memory APIs answer 403 (closed to everyone: no
+    key exists), and Triton goes on serving."""
     reach = stack.compose("exec", "-T", "proxy", "bash", "-c", "exec 3<>/dev/tcp/triton/8000", check=False)
     assert reach.returncode != 0, "the proxy reaches Triton"
     without = json.loads(stack.exec("prometheus", "python", "-c", TRITON_CALLS, "http://triton:8000"))
-    assert without == {"ready": 200, "shm_status": 403, "shm_register": 403, "unload": 403, "repository": 403,
-                       "trace": 403, "logging": 403}, without
-    shim_key = stack.exec("shim", "cat", "/run/triton-keys/shared-memory").strip()
-    with_shim_key = json.loads(stack.exec("prometheus", "python", "-c", TRITON_CALLS, "http://triton:8000", shim_key))
-    assert with_shim_key["shm_status"] == 200 and with_shim_key["unload"] == 403, with_shim_key
-    assert {with_shim_key[k] for k in ("repository", "trace", "logging")} == {403}
-    # The admin key is Triton's alone: the shim's user cannot read it.
-    denied = stack.compose("exec", "-T", "shim", "cat", "/run/triton-keys/admin", check=False)
-    assert denied.returncode != 0 and "Permission denied" in denied.stdout + denied.stderr
+    assert {without[k] for k in ("unload", "repository", "trace", "logging")} == {403}, without
+    assert without["ready"] == 200 and without["shm_status"] == 403, without
+    reach = stack.compose("exec", "-T", "prometheus", "python", "-c",
+                          "import socket; socket.create_connection(('triton', 8001), timeout=3)", check=False)
+    assert reach.returncode != 0, "Triton serves gRPC"
     assert predict(encode(photo(64, 48))).status_code == 200
 
 
-def documented_reload_command() -> list[str]:
-    """docs/production.md's hot reload for compose: `docker compose exec triton ...`, as the operator types it."""
-    text = (ROOT / "docs" / "production.md").read_text()
-    (line,) = [line for line in text.splitlines() if line.startswith("docker compose exec triton ")]
-    return shlex.split(line)
-
-
-def test_the_admin_keys_holder_reloads_a_model_as_the_docs_say_and_the_shim_serves_on(stack: Stack) -> None:
-    command = documented_reload_command()
-    assert command[:4] == ["docker", "compose", "exec", "triton"]
-    result = stack.compose("exec", "-T", *command[3:], timeout=120)
-    assert result.stdout.strip().splitlines()[-1] == "200", result.stdout
-    with_admin_key = json.loads(stack.exec("triton", "python3", "-c", TRITON_CALLS, "http://127.0.0.1:8000",
-                                           "@/run/triton-keys/admin"))
-    assert with_admin_key["repository"] == with_admin_key["trace"] == with_admin_key["logging"] == 200, with_admin_key
-    assert with_admin_key["shm_status"] == 403  # the admin key is not the shared-memory key
-    assert with_admin_key["unload"] != 403
-    wait_until(lambda: predict(encode(photo(64, 48))).status_code == 200, 60, "the shim to answer after the reload")
+def test_no_process_of_the_stack_has_a_secret_in_its_arguments(stack: Stack) -> None:
+    """`ps -eo args` on the host, which sees every container's processes as any of its users does: no key of
+    Triton's (only the closed restriction, which holds none)."""
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    tritons = [line for line in listing.splitlines() if "--model-repository=/models" in line]
+    assert tritons, "Triton's process is not in the listing"
+    for line in listing.splitlines():
+        for restriction in re.findall(r"--(?:http-restricted-api|grpc-restricted-protocol)=(\S+)", line):
+            assert restriction.endswith(":closed:api=closed"), line
 
 
 def test_clients_reach_the_shim_only_through_the_proxy(stack: Stack) -> None:
@@ -202,12 +189,37 @@ def test_the_shim_runs_as_a_non_root_user(stack: Stack) -> None:
     assert not {"root", "0"} & set(processes), top
 
 
-def exposed(url: str, name: str, **labels: str) -> float:
-    """The sum of a series' samples as the endpoint exposes them (the name as written, no parser renaming)."""
-    answer = requests.get(url, timeout=10)
-    assert answer.status_code == 200, answer.text
+# Run in the shim's container (`python -c INSIDE_SHIM METHOD PATH [JSON BODY] [TOKEN]`): gunicorn's own port,
+# which serves what the public port does not (/metrics, /traffic, /admin/traffic). Prints status, then body.
+INSIDE_SHIM = """
+import sys, urllib.error, urllib.request
+method, path = sys.argv[1], sys.argv[2]
+body = sys.argv[3].encode() if len(sys.argv) > 3 and sys.argv[3] else None
+headers = {"Content-Type": "application/json"}
+if len(sys.argv) > 4:
+    headers["Authorization"] = "Bearer " + sys.argv[4]
+request = urllib.request.Request("http://127.0.0.1:5000" + path, data=body, method=method, headers=headers)
+try:
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        print(answer.status); print(answer.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code); print(e.read().decode())
+"""
+
+
+def inside_shim(stack: Stack, method: str, path: str, body: object = None, token: str = "") -> tuple[int, str]:
+    args = [method, path, json.dumps(body) if body is not None else "", *([token] if token else [])]
+    status, _, text = stack.exec("shim", "python", "-c", INSIDE_SHIM, *args).partition("\n")
+    return int(status), text
+
+
+def exposed(stack: Stack, name: str, **labels: str) -> float:
+    """The sum of a series' samples as the shim's /metrics exposes them (the name as written, no parser
+    renaming), read on gunicorn's port as Prometheus does: the public port does not serve it."""
+    status, text = inside_shim(stack, "GET", "/metrics")
+    assert status == 200, text
     total = 0.0
-    for match in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)", answer.text, re.M):
+    for match in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)", text, re.M):
         if all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
             total += float(match.group(2))
     return total
@@ -221,8 +233,8 @@ def prometheus_value(query: str) -> float:
 def test_the_shims_metrics_and_tritons_metrics_port_answer(stack: Stack) -> None:
     """Triton's metrics port is on the compose network only: read through Prometheus, which scrapes it."""
     assert predict(encode(photo(64, 48))).status_code == 200
-    assert exposed(f"{SHIM}/metrics", "shim_requests_total", backend="triton") >= 1
-    assert exposed(f"{SHIM}/metrics", "shim_proxy_responses_total", path="/predict", status="200", reason="") >= 1
+    assert exposed(stack, "shim_requests_total", backend="triton") >= 1
+    assert exposed(stack, "shim_proxy_responses_total", path="/predict", status="200", reason="") >= 1
     queries = [f'sum({name}{{model="resnet50"}})' for name in ("nv_inference_count", "nv_inference_request_success")]
     wait_until(lambda: all(prometheus_value(q) >= 1 for q in queries), 90,
                "Prometheus to have scraped nv_inference_count and nv_inference_request_success from triton:8002")
@@ -240,7 +252,12 @@ def test_prometheus_scrapes_the_shim_and_triton(stack: Stack) -> None:
 
 def test_a_traffic_switch_lands_on_the_volume_and_survives_a_shim_restart(stack: Stack) -> None:
     switch = {"mode": "triton", "shadow_percent": 50, "reason": "compose-test"}
-    assert requests.put(f"{SHIM}/traffic", json=switch, timeout=10).status_code == 405  # read-only over HTTP
+    # Not on the public port: nginx answers 404 and passes nothing on; gunicorn's own port serves GET /traffic.
+    assert requests.put(f"{SHIM}/traffic", timeout=10).status_code == 404
+    assert requests.put(f"{SHIM}/traffic", json=switch, timeout=10).status_code == 413  # no body read there
+    assert requests.get(f"{SHIM}/traffic", timeout=10).status_code == 404
+    assert requests.get(f"{SHIM}/metrics", timeout=10).status_code == 404
+    assert inside_shim(stack, "PUT", "/traffic", switch)[0] == 405  # read-only over HTTP
     printed = json.loads(stack.exec("shim", "shim-traffic", "set", "triton", "--shadow-percent", "50",
                                     "--reason", "compose-test"))
     flag_file = json.loads(stack.exec("shim", "cat", "/var/run/shim/traffic.json"))
@@ -256,7 +273,7 @@ def test_a_traffic_switch_lands_on_the_volume_and_survives_a_shim_restart(stack:
     wait_until(lambda: http_status(SHIM + PROXY_LIVENESS) == 200, 30, "the proxy to answer")
     restarted = stack.inspect("shim")
     assert restarted["Id"] == container["Id"] and restarted["State"]["StartedAt"] != container["State"]["StartedAt"]
-    traffic = requests.get(f"{SHIM}/traffic", timeout=10).json()
+    traffic = json.loads(inside_shim(stack, "GET", "/traffic")[1])
     assert {k: traffic[k] for k in switch} == switch, traffic
     assert traffic["source"] == "flag-file", traffic
     assert predict(encode(photo(64, 48))).status_code == 200

@@ -183,9 +183,9 @@ class HealthPoller:
 
 # --- slow clients ---------------------------------------------------------------------------------------
 
-def slow_head(content_length: int) -> bytes:
-    """The head of an ordinary /predict upload (about 200 bytes: more than 60 s of dripping)."""
-    return (f"POST /predict HTTP/1.1\r\nHost: {HOST}\r\nUser-Agent: hostile-dripper/1.0\r\nAccept: */*\r\n"
+def slow_head(content_length: int, path: str = "/predict") -> bytes:
+    """The head of an ordinary upload, to /predict unless told (about 200 bytes: more than 60 s of dripping)."""
+    return (f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nUser-Agent: hostile-dripper/1.0\r\nAccept: */*\r\n"
             f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
             f"Content-Length: {content_length}\r\n\r\n").encode()
 
@@ -197,6 +197,7 @@ class Connection:
     kind: str
     source: str
     opened: float
+    path: str = "/predict"
     ended: float = 0.0
     how: str = ""  # "closed" (EOF/reset, no answer), "answered", "open at the end", "connect failed"
     status: int | None = None
@@ -222,13 +223,15 @@ class Drippers:
              one byte every interval_s;
     stalled: a complete head and half the body at once, then nothing.
     Each kind's slots connect from its address in `sources` (ATTACKERS by default), or from several: slot i
-    of a kind uses address i modulo their number.
+    of a kind uses address i modulo their number, and path i modulo the number of `paths` (/predict only by
+    default).
     """
 
     def __init__(self, port: int, counts: dict[str, int], *, interval_s: float = 3.0, body_length: int = 60_000,
-                 body_first: int = 0, sources: dict[str, str | Sequence[str]] | None = None) -> None:
+                 body_first: int = 0, sources: dict[str, str | Sequence[str]] | None = None,
+                 paths: Sequence[str] = ("/predict",)) -> None:
         self.port, self.counts, self.interval_s, self.body_length = port, counts, interval_s, body_length
-        self.body_first = body_first
+        self.body_first, self.paths = body_first, list(paths)
         self.sources = {kind: [found] if isinstance(found, str) else list(found)
                         for kind, found in (sources or ATTACKERS).items()}
         self.connections: list[Connection] = []
@@ -264,28 +267,28 @@ class Drippers:
 
     async def _run(self) -> None:
         self._stopping = asyncio.Event()
-        slots = [self._slot(kind, self.sources[kind][i % len(self.sources[kind])])
+        slots = [self._slot(kind, self.sources[kind][i % len(self.sources[kind])], self.paths[i % len(self.paths)])
                  for kind, n in self.counts.items() for i in range(n)]
         await asyncio.gather(*slots)
 
-    async def _slot(self, kind: str, source: str) -> None:
+    async def _slot(self, kind: str, source: str, path: str) -> None:
         assert self._stopping is not None
         while not self._stopping.is_set():
-            record = await self._one(kind, source)
+            record = await self._one(kind, source, path)
             self.connections.append(record)
             if record.how != "open at the end":  # the attacker's pace: reconnect after one interval
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), self.interval_s)
 
-    async def _one(self, kind: str, source: str) -> Connection:
+    async def _one(self, kind: str, source: str, path: str) -> Connection:
         assert self._stopping is not None
-        record = Connection(kind, source, opened=time.monotonic())
+        record = Connection(kind, source, opened=time.monotonic(), path=path)
         try:
             reader, writer = await asyncio.open_connection(HOST, self.port, local_addr=(source, 0))
         except OSError as e:
             record.how, record.ended, record.answer = "connect failed", time.monotonic(), repr(e).encode()
             return record
-        head = slow_head(self.body_length)
+        head = slow_head(self.body_length, path)
         first = {"headers": head[:1], "body": head + b"x" * self.body_first,
                  "stalled": head + b"x" * (self.body_length // 2)}[kind]
         position = len(first)

@@ -38,7 +38,7 @@ def test_a_hung_triton_gives_fast_503s_and_recovers_within_2_s(healthy: Stack, f
             os.kill(stack.triton_pid, signal.SIGSTOP)
             stopped = time.monotonic()
             time.sleep(STOP_S)  # the hang itself: its length is the scenario
-            circuit = promtext.maximum(promtext.scrape(stack.proxy.url + "/metrics", timeout_s=5), "shim_circuit_open",
+            circuit = promtext.maximum(promtext.scrape(stack.shim.url + "/metrics", timeout_s=5), "shim_circuit_open",
                                        backend="triton")
         finally:
             # Read before the signal: a poll that Triton answered after SIGCONT ends after this instant, even when

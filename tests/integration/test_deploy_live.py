@@ -3,11 +3,14 @@ hit endpoints that answer on a real shim, nginx and Triton, the Triton image mat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +161,49 @@ def proxy_in_front_of(shim: ServedApp, folder: Path) -> proxy.Proxy:
     """deploy/nginx's nginx in front of a running shim."""
     nginx_or_skip()
     return proxy.Proxy(folder / "nginx", f"127.0.0.1:{shim.port}").wait()
+
+
+def raw_exchange(port: int, head: bytes, timeout_s: float = 8.0) -> tuple[bytes, float, float]:
+    """Send a request head (and no body) on a new connection: what came back until nginx closed it, when its
+    first byte came and when nginx closed (seconds from the start)."""
+    started, first = time.monotonic(), 0.0
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(head)
+        data = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while chunk := sock.recv(65536):
+                first = first or time.monotonic() - started
+                data += chunk
+    return data, first, time.monotonic() - started
+
+
+def test_the_public_port_serves_the_api_only_and_takes_a_body_on_predict_only(shim_triton: ServedApp,
+                                                                             tmp_path: Path) -> None:
+    """Through deploy/nginx's nginx: /metrics, /traffic and /admin/traffic are not served on the public port
+    (gunicorn's port still serves them: Prometheus scrapes there); every path but /predict answers a declared
+    body with 413 at once, without reading it (a 16 MB Content-Length, nothing sent after the head) and
+    without passing it on; the probes and /openapi.json are served."""
+    nginx = proxy_in_front_of(shim_triton, tmp_path)
+    try:
+        for path in ("/metrics", "/traffic", "/admin/traffic", "/nope"):
+            answer = requests.get(nginx.url + path, timeout=10)
+            assert answer.status_code == 404 and answer.json()["error"] == "not_found", (path, answer.text)
+            assert requests.get(shim_triton.url + path, timeout=10).status_code != 404 or path == "/nope", path
+        assert requests.put(nginx.url + "/admin/traffic", timeout=10).status_code == 404
+        for path in ("/healthz", "/readyz", "/openapi.json"):
+            assert requests.get(nginx.url + path, timeout=10).status_code == 200, path
+        for path in ("/metrics", "/healthz", "/readyz", "/openapi.json", "/x", "/admin/traffic"):
+            head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                    "Content-Length: 16000000\r\n\r\n").encode()
+            data, first, closed = raw_exchange(nginx.port, head)
+            assert data.startswith(b"HTTP/1.1 413") and b'"too_large"' in data, (path, data[:200])
+            assert first < 1.5, f"{path}: nginx waited {first:.1f} s for a body it refuses"
+            # The connection ends after lingering_timeout (2 s) of silence: what is sent is discarded, unstored.
+            assert closed < 4, f"{path}: nginx held the refused connection for {closed:.1f} s"
+        chunked = b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        assert raw_exchange(nginx.port, chunked)[0].startswith(b"HTTP/1.1 413")
+        logged = [e for e in nginx.access_log() if e["method"] == "POST"]
+        assert logged and not [e for e in logged if e["upstream"]], "a refused body was passed to gunicorn"
+        assert {e["refusal"] for e in nginx.access_log() if e["status"] == 404} == {"not_found"}
+    finally:
+        nginx.stop()

@@ -236,8 +236,8 @@ def compose_images(stack: Stack) -> tuple[dict[str, str], dict[str, list[str]], 
 
 
 def without_key_script(command: list[str]) -> list[str]:
-    """A compose command less docker-compose.yml's script in front of it (`sh -c SCRIPT NAME server ...`, which
-    reads Triton's keys from the triton-keys volume): a pod takes its key from a Secret through its env."""
+    """A compose command less a script in front of it (`sh -c SCRIPT NAME server ...`): a pod's args are the
+    server's own."""
     return command[4:] if command[:2] == ["sh", "-c"] and len(command) > 4 else command
 
 
@@ -295,9 +295,8 @@ def play_version(objects: list[dict[str, Any]], *, stack: Stack, network: str, s
                 c.pop("command", None)
                 c["args"] = commands[repository]
                 changes.append(f"{name}/{c['name']}: args -> tests/compose/ci.yml's command for {services[repository]} "
-                               f"({' '.join(commands[repository][:3])} ...), the CI image's server, less the "
-                               "script that reads compose's key files (devstack restricts the same APIs "
-                               "with the key in TRITON_ADMIN_KEY, the env the manifest fills from its Secret)")
+                               f"({' '.join(commands[repository][:3])} ...), the CI image's server, in poll mode "
+                               "with its admin APIs closed, as the manifest's")
             for p in c.get("ports", []):
                 p["hostIP"] = "127.0.0.1"
                 p["hostPort"] = host_ports[name].setdefault(str(p["containerPort"]), free_port())

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import time
 from typing import Any
 
@@ -73,23 +75,30 @@ def test_the_shim_reaches_triton_by_its_service_name_from_its_pod(pods: Pods, re
     assert ready_answer["ready"] is True and address in json.dumps(ready_answer), ready_answer
 
 
-def test_tritons_admin_apis_want_the_key_of_the_secret_the_user_creates(pods: Pods, ready: dict[str, str]) -> None:
-    """The Triton pod's env takes the key from the Secret (made by the run as docs/production.md's kubectl
-    command makes it): without it the model-repository API answers 403, with it 200. Read-only calls: nothing is
-    unloaded."""
+def test_tritons_admin_apis_are_closed_and_no_process_has_a_secret_in_its_arguments(pods: Pods,
+                                                                                    ready: dict[str, str]) -> None:
+    """The Triton pod holds no key: its model-repository API answers 403 to every request (closed), and the
+    host's `ps -eo args`, which lists every pod's processes as any user of a node sees them, shows no
+    restriction but the closed one and no key of a Secret."""
     (name,) = [d["metadata"]["name"] for d in pods.deployments() if d["metadata"]["name"] != ENTRY]
-    (target,) = [t for t in pods.targets(name) if any(
-        e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") in pods.plan.user_secrets
-        for e in t.container.get("env", []))]
-    (env,) = [e for e in target.container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
-    key = pods.exec(target, "printenv", env["name"]).stdout.strip()
-    assert len(key) == 64, "the pod's env has no key from the Secret"
+    (target,) = pods.targets(name)
     (port,) = [p["containerPort"] for p in target.container["ports"] if p.get("name") == "http"]
-    index = pods.url(name, port, "/v2/repository/index")
-    refused = requests.post(index, timeout=10)
-    assert refused.status_code == 403 and "restricted" in refused.text, refused.text
-    allowed = requests.post(index, headers={"triton-admin-key": key}, timeout=10)
-    assert allowed.status_code == 200 and any(m["name"] == "resnet50" for m in allowed.json()), allowed.text
+    refused = requests.post(pods.url(name, port, "/v2/repository/index"), timeout=10)
+    assert refused.status_code == 403 and "closed:api" in refused.text, refused.text
+    secrets = [pods.exec(t, "sh", "-c", f"printenv {e['name']} || true").stdout.strip() for t in pods.targets()
+               for e in t.container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]  # optional: unset
+    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    assert "--model-repository=/models" in listing, "Triton's process is not in the listing"
+    for line in listing.splitlines():
+        for restriction in re.findall(r"--(?:http-restricted-api|grpc-restricted-protocol)=(\S+)", line):
+            assert restriction.endswith(":closed:api=closed"), line
+        assert not [v for v in secrets if v and v in line], "a Secret's value is in a process's arguments"
+
+
+def app_url(pods: Pods, path: str) -> str:
+    """gunicorn's own port on the entry pod (what Prometheus scrapes): /traffic is not on the public port."""
+    deployment = pods.deployment(ENTRY)
+    return pods.url(ENTRY, pod_port(deployment, "app"), path)
 
 
 def test_predict_answers_through_the_pods_nginx_as_the_service_routes_it(pods: Pods, ready: dict[str, str]) -> None:
@@ -122,7 +131,8 @@ def test_the_traffic_configmap_switches_the_shim_without_a_restart(pods: Pods, r
     workers follow it, no container restarts."""
     volume, key, configmap = flag_volume(pods)
     before = json.loads(configmap["data"][key])
-    traffic = requests.get(client_url(pods, "/traffic"), timeout=10).json()
+    assert requests.get(client_url(pods, "/traffic"), timeout=10).status_code == 404  # not public
+    traffic = requests.get(app_url(pods, "/traffic"), timeout=10).json()
     assert {k: traffic[k] for k in before} == before and traffic["source"] == "flag-file", traffic
     started = {t.name: pods.inspect(t)["State"]["StartedAt"] for t in pods.targets(ENTRY)}
     switch = {**before, "shadow_percent": (before.get("shadow_percent", 0) + 50) % 100, "reason": "k8s-test switch"}
@@ -134,7 +144,7 @@ def test_the_traffic_configmap_switches_the_shim_without_a_restart(pods: Pods, r
     os.replace(staged, f"{mountpoint}/{key}")
 
     def every_worker_follows() -> bool:  # several requests: the pod's workers each answer some
-        answers = [requests.get(client_url(pods, "/traffic"), timeout=10).json() for _ in range(8)]
+        answers = [requests.get(app_url(pods, "/traffic"), timeout=10).json() for _ in range(8)]
         return all({k: a[k] for k in switch} == switch and a["source"] == "flag-file" for a in answers)
 
     wait_until(every_worker_follows, 30, "every worker of the shim to follow the ConfigMap's new flag")

@@ -32,7 +32,6 @@ from tests.deploy_support import (
     COMPOSE,
     DOCKERFILES,
     K8S,
-    TRITON_ADMIN_HEADER,
     adapter_query,
     adapter_rules,
     compose,
@@ -49,7 +48,6 @@ from tests.deploy_support import (
     run,
     series_name,
     tool,
-    triton_command,
     yaml_docs,
 )
 from tests.support import ROOT
@@ -81,10 +79,10 @@ def test_compose_runs_triton_on_a_gpu_with_the_repository_read_only_and_hot_relo
     (gpu,) = triton["deploy"]["resources"]["reservations"]["devices"]
     assert gpu["driver"] == "nvidia" and gpu["capabilities"] == ["gpu"]
     assert "./triton_repo:/models:ro" in triton["volumes"]
-    script, args = triton_command(triton["command"])
-    assert args[:1] == ["tritonserver"] and 'exec "$$@"' in script  # the script runs the command after it
-    assert {"--model-repository=/models", "--model-control-mode=explicit", "--load-model=*"} <= set(args)
-    assert set(triton["expose"]) == {"8000", "8001", "8002"}
+    args = triton["command"]
+    assert args[:1] == ["tritonserver"]  # no script in front: nothing read from files onto the command line
+    assert {"--model-repository=/models", "--model-control-mode=poll", "--allow-grpc=false"} <= set(args)
+    assert set(triton["expose"]) == {"8000", "8002"}
     size = re.fullmatch(r"(\d+)(gb|mb)", triton["shm_size"])
     assert size and int(size.group(1)) * (1024 if size.group(2) == "gb" else 1) >= 256, triton["shm_size"]
     assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
@@ -124,59 +122,51 @@ def test_compose_publishes_no_triton_port_and_only_the_shim_and_prometheus_share
     on_inference = {name for name, s in services.items() if "inference" in s.get("networks", [])}
     assert on_inference == {"triton", "shim", "prometheus"}, on_inference
     # Everything but the one-shots joins named networks only: no service lands on a shared default network.
-    assert {name for name, s in services.items() if "networks" not in s} == {"triton-keys", "model-export"}
-    assert services["triton-keys"]["network_mode"] == "none"
+    assert {name for name, s in services.items() if "networks" not in s} == {"model-export"}
     assert services["proxy"]["networks"] == ["edge"] and set(services["shim"]["networks"]) == {"edge", "inference"}
     published = {name for name, s in services.items() if s.get("ports")}
     assert published == {"proxy", "prometheus", "grafana"}, published
 
 
-def test_compose_restricts_tritons_admin_apis_with_keys_that_a_one_shot_service_writes() -> None:
+CLOSED_HEADER = "closed:api"  # a ':' ends a header's name: no HTTP request can carry this one
+
+
+def closed_apis(args: list[str]) -> set[str]:
+    """The APIs a Triton command line closes (restricted to CLOSED_HEADER); fails on any other restriction."""
+    groups = restricted_groups(" ".join(args))
+    assert not groups["grpc"] and "--allow-grpc=false" in args, "gRPC is served: the shim speaks HTTP only"
+    assert {header for header, _ in groups["http"].values()} == {CLOSED_HEADER}, groups  # no key anywhere
+    return set().union(*groups["http"])
+
+
+def test_no_secret_is_on_tritons_command_line_in_compose_what_needed_a_key_is_closed_or_absent() -> None:
+    """tritonserver takes restricted-API keys on its command line only, which every user of the host reads
+    (`ps`, /proc/*/cmdline): compose gives it none. Poll mode (Triton refuses load/unload there), no gRPC,
+    the model-repository, trace, logging and shared-memory APIs closed (the shim sends its tensors in the
+    HTTP body)."""
     services = compose()["services"]
-    triton, shim, keys = services["triton"], services["shim"], services["triton-keys"]
-    script, _ = triton_command(triton["command"])
-    groups = restricted_groups(script)
-    for protocol in ("http", "grpc"):
-        assert set().union(*groups[protocol]) == RESTRICTED, groups[protocol]  # each once (Triton's own rule)
-        assert sum(len(apis) for apis in groups[protocol]) == len(RESTRICTED)
-        assert {header for header, _ in groups[protocol].values()} == {TRITON_ADMIN_HEADER}
-    # Two keys: the shim holds only the shared-memory one, the operator's admin key stays in Triton.
-    shm_key = groups["http"][frozenset({"shared-memory"})][1]
-    admin_key = groups["http"][frozenset({"model-repository", "trace", "logging"})][1]
-    files = dict(re.findall(r"^(\w+)=\$\$\(cat (\S+)\)$", script, re.M))
-    assert files == {"shm": "/run/triton-keys/shared-memory", "admin": "/run/triton-keys/admin"}
-    assert (shm_key, admin_key) == ("$$shm", "$$admin") and "set -e" in script  # a missing key stops Triton
-    assert shim_env()["SHIM_TRITON_ADMIN_KEY_FILE"] == files["shm"]
-    assert triton["group_add"] == ["10001"]  # the shim's gid (Dockerfile): its key file is open to it
-    assert "groupadd --system --gid 10001 shim" in (ROOT / "Dockerfile").read_text()
-    # The key service writes both files once, the admin key readable by Triton's user alone.
-    code = keys["entrypoint"][2]
-    assert keys["entrypoint"][:2] == ["python", "-c"] and "secrets.token_hex(32)" in code and "if path.exists()" in code
-    assert '("admin", 1000, 1000, 0o400)' in code and '("shared-memory", 10001, 10001, 0o440)' in code
-    mounts = {name: [v for v in s["volumes"] if v.startswith("triton-keys:")] for name, s in services.items()
-              if "volumes" in s}
-    assert {k: v for k, v in mounts.items() if v} == {"triton-keys": ["triton-keys:/run/triton-keys"],
-                                                      "triton": ["triton-keys:/run/triton-keys:ro"],
-                                                      "shim": ["triton-keys:/run/triton-keys:ro"]}
-    assert triton["depends_on"]["triton-keys"] == {"condition": "service_completed_successfully"}
-    assert shim["depends_on"]["triton"]["condition"] == "service_healthy"  # and so after the keys
-    # The key service runs the shim's image, which the shim service builds.
-    assert keys["image"] == shim["image"] and "build" not in keys
+    for name in ("triton",):
+        assert closed_apis(services[name]["command"]) == RESTRICTED
+        assert "--model-control-mode=poll" in services[name]["command"]
+    text = COMPOSE.read_text() + CPU_OVERRIDE.read_text() + CI_OVERRIDE.read_text()
+    assert "triton-keys" not in text and "admin-key" not in text and "ADMIN_KEY" not in text
+    assert not {k for k in shim_env() if "ADMIN_KEY" in k}  # the shim sends Triton no key either
+    assert "group_add" not in services["triton"] and "ipc" not in services["shim"]  # nothing shared with the shim
 
 
-def test_kubernetes_restricts_tritons_admin_apis_with_the_key_of_a_secret_it_does_not_ship() -> None:
+def test_kubernetes_gives_triton_no_secret_and_closes_what_needed_one() -> None:
     triton = container(k8s_object("Deployment", "triton"))
-    groups = restricted_groups(" ".join(triton["args"]))
-    for protocol in ("http", "grpc"):
-        (apis,) = groups[protocol]
-        assert apis == RESTRICTED and groups[protocol][apis] == (TRITON_ADMIN_HEADER, "$(TRITON_ADMIN_KEY)")
-    (env,) = [e for e in triton["env"] if e["name"] == "TRITON_ADMIN_KEY"]
-    assert env["valueFrom"]["secretKeyRef"] == {"name": "triton-admin", "key": "key"}  # not optional
+    assert closed_apis(triton["args"]) == RESTRICTED  # no pod shares Triton's /dev/shm: shared memory closed too
+    assert "--model-control-mode=poll" in triton["args"]
+    assert not [e for e in triton.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})]
+    assert "grpc" not in {p["name"] for p in triton["ports"]}
     assert not [o for o in k8s_objects() if o["kind"] == "Secret"], "a secret value is committed"
-    section = production_section("Scale out on Kubernetes")
-    assert "create secret generic triton-admin" in section
-    # The hot reload in every Triton pod, with the key Kubernetes gives Triton's container.
-    assert 'os.environ["TRITON_ADMIN_KEY"]' in section and "/v2/repository/models/resnet50/load" in section
+
+
+def test_the_deployment_docs_ask_for_no_triton_key() -> None:
+    """docs/production.md names neither compose's key volume nor the Kubernetes Secret, both gone."""
+    text = (ROOT / "docs" / "production.md").read_text()
+    assert "triton-keys" not in text and "triton-admin" not in text and "TRITON_ADMIN_KEY" not in text
 
 
 def test_compose_profiles_and_mounted_files() -> None:
@@ -342,7 +332,7 @@ def test_network_policies_admit_triton_from_shim_pods_and_prometheus_only() -> N
             ([{**peer} for peer in rule.get("from", [])], sorted(port["port"] for port in rule["ports"]))
             for rule in policy["spec"]["ingress"]]
     shim_pods = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "shim"}}}
-    assert by_name["triton"] == [([shim_pods], ["grpc", "http"]), ([prometheus], ["metrics"])]
+    assert by_name["triton"] == [([shim_pods], ["http"]), ([prometheus], ["metrics"])]
     # The shim: its clients at nginx from anywhere; gunicorn's own port to Prometheus alone.
     assert by_name["shim"] == [([], ["http"]), ([prometheus], ["app"])]
     assert len(policies) == len(workloads())
@@ -432,9 +422,6 @@ def test_documented_compose_commands_name_services_profiles_and_files_that_exist
             assert set(positionals) <= set(services), positionals
         if sub == "exec" and positionals[0] == "shim":  # the traffic command, or removing the flag file in use
             assert positionals[1] == "shim-traffic" or env["SHIM_FLAG_FILE"] in positionals, positionals
-        if sub == "exec" and positionals[0] == "triton":  # the hot reload, with the key triton-keys writes
-            script = positionals[-1]
-            assert "/run/triton-keys/admin" in script and "/v2/repository/models/resnet50/load" in script
     assert "model-export" in {p[0] for _, sub, p in calls if sub == "run"}
     files = {c[i + 1] for c in commands(section) if c[:2] == ["docker", "compose"]
              for i, arg in enumerate(c[:-1]) if arg in {"-f", "--file"}}
@@ -594,7 +581,7 @@ def test_the_ci_override_swaps_only_images_the_gpu_and_the_model_repository(tmp_
     override, merged = compose_override(CI_OVERRIDE)["services"], merged_with(CI_OVERRIDE)
     validate_compose(merged, tmp_path)
     allowed = {"triton": {"build", "image", "command", "volumes", "deploy", "ulimits"},
-               "shim": {"build", "image", "volumes"}, "prometheus": {"build", "image"}, "triton-keys": {"image"}}
+               "shim": {"build", "image", "volumes"}, "prometheus": {"build", "image"}}
     for name, service in override.items():
         assert set(service) <= allowed.get(name, {"build", "image"}), (name, set(service))
         assert service["image"].startswith("flask-triton-shim-ci/"), "CI images never take the product's names"
@@ -609,24 +596,23 @@ def test_the_ci_override_swaps_only_images_the_gpu_and_the_model_repository(tmp_
     assert not triton["deploy"]["resources"]["reservations"].get("devices")
     assert [v for v in triton["volumes"] if v.endswith(":/models:ro")] == ["./.cache/compose/standin-repo:/models:ro"]
     assert [v for v in triton["volumes"] if not v.endswith(":/models:ro")] == \
-        [v for v in base["triton"]["volumes"] if not v.endswith(":/models:ro")]  # the keys, as docker-compose.yml
+        [v for v in base["triton"]["volumes"] if not v.endswith(":/models:ro")]
 
 
 def test_the_ci_triton_command_is_what_app_embedded_triton_accepts() -> None:
-    """docker-compose.yml's script with its keys, in front of devstack, which passes what follows
-    `--` (the restricted APIs the script appends) on to tritonserver."""
+    """devstack in front of the wheel's tritonserver, in poll mode as docker-compose.yml's, with every other
+    option of docker-compose.yml's command after `--` (passed on to tritonserver)."""
     from devstack.__main__ import parse_args
 
     command = compose_override(CI_OVERRIDE)["services"]["triton"]["command"]
-    assert command[:4] == compose()["services"]["triton"]["command"][:4]  # sh -c SCRIPT NAME, unchanged
-    _, args = triton_command(command)
-    assert args[:3] == ["python", "-m", "devstack"] and args[-1] == "--"
-    config = parse_args([*args[3:], "--http-restricted-api=shared-memory:k=v"])
+    assert command[:3] == ["python", "-m", "devstack"]
+    config = parse_args(command[3:])
     assert config.host == "0.0.0.0" and str(config.model_repository) == "/models"
-    assert config.model_control_mode == "explicit"  # as docker-compose.yml's --model-control-mode=explicit
-    assert config.extra_args == ("--http-restricted-api=shared-memory:k=v",)
+    assert config.model_control_mode == "poll"  # devstack adds its own --repository-poll-secs
+    own = {"tritonserver", "--model-repository=/models", "--model-control-mode=poll", "--repository-poll-secs=15"}
+    assert config.extra_args == tuple(a for a in compose()["services"]["triton"]["command"] if a not in own)
     exposed = {int(p) for p in compose()["services"]["triton"]["expose"]}
-    assert {config.http_port, config.grpc_port, config.metrics_port} == exposed
+    assert {config.http_port, config.metrics_port} == exposed
 
 
 def docker_compose_v2() -> bool:
@@ -835,16 +821,28 @@ def mebibytes(quantity: str) -> float:
     return int(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
 
 
-CONNECTION_KIB = 16  # nginx's own per connection besides the body buffer: about 10 KiB (make hostile-test)
+CONNECTION_KIB = 16  # nginx's own per connection besides its buffers: about 10 KiB (make hostile-test)
 
 
-def test_the_proxys_memory_limit_holds_every_connection_with_a_full_body_buffer() -> None:
-    """What slow uploads can make nginx hold: every connection (worker_processes x worker_connections) with
-    its body buffer filled, plus nginx's own 32 MiB: under the proxy container's memory limit."""
+def kib(size: str) -> int:
+    match = re.fullmatch(r"(\d+)([km]?)", size)
+    assert match, size
+    return int(match.group(1)) * {"": 1 / 1024, "k": 1, "m": 1024}[match.group(2)]  # type: ignore[return-value]
+
+
+def test_the_proxys_memory_limit_holds_every_connection_with_its_header_buffers_and_the_bodies() -> None:
+    """What hostile clients can make nginx hold, from its configuration: every connection (worker_processes x
+    worker_connections) with all its large header buffers (kept for the request's life), the /predict bodies
+    the edge admits (shim_edge_predict) with their body buffer filled, and nginx's own 32 MiB: under the
+    proxy container's memory limit. make hostile-test (test_e_every_route.py) measures it at the limit."""
     workers = int(nginx_directive("worker_processes"))
     connections = int(nginx_directive("worker_connections"))
-    buffer_kib = int(directive_in(server_block("edge"), "client_body_buffer_size").removesuffix("k"))
-    worst_mib = workers * connections * (buffer_kib + CONNECTION_KIB) / 1024 + 32
+    count, size = nginx_directive("large_client_header_buffers").split()
+    header_kib = int(count) * kib(size)
+    edge = server_block("edge")
+    buffer_kib = kib(directive_in(edge, "client_body_buffer_size"))
+    bodies = int(re.search(r"limit_conn shim_edge_predict (\d+);", location_block(edge, "= /predict")).group(1))  # type: ignore[union-attr]
+    worst_mib = (workers * connections * (header_kib + CONNECTION_KIB) + bodies * buffer_kib) / 1024 + 32
     limit = mebibytes(k8s_proxy()["resources"]["limits"]["memory"])
     assert worst_mib <= limit, f"{worst_mib:.0f} MiB of slow uploads over the proxy's limit of {limit:.0f} MiB"
     assert limit <= 2 * worst_mib, "the limit is far above what nginx can hold: derive it again"
@@ -889,11 +887,14 @@ def test_check_limits_refuses_every_pair_that_disagrees() -> None:
 def test_the_proxy_agrees_with_the_shims_settings() -> None:
     settings = Settings()
     edge, admission = server_block("edge"), server_block("admission")
-    assert nginx_directive("client_max_body_size") == "${PROXY_MAX_BODY_MB}m"
+    assert directive_in(edge, "client_max_body_size", "= /predict") == "${PROXY_MAX_BODY_MB}m"
+    assert directive_in(admission, "client_max_body_size", "= /predict") == "${PROXY_MAX_BODY_MB}m"
+    assert nginx_directive("client_max_body_size") == "1k"  # every other path: no body (413 before reading)
     # /predict: the budget applies at the admission server, to complete requests only; the edge limits what
     # one address has in progress, its body still arriving included.
     assert directive_in(admission, "limit_conn", "= /predict") == "shim_predict_total ${PROXY_MAX_INFLIGHT}"
-    assert directive_in(edge, "limit_conn", "= /predict") == "shim_predict_per_client 32"
+    predict_limits = re.findall(r"limit_conn (\w+ \d+);", location_block(edge, "= /predict"))
+    assert predict_limits == ["shim_predict_per_client 32", "shim_client_requests 64", "shim_edge_predict 512"]
     assert "shim_predict_total" not in edge and "shim_predict_per_client" not in admission
     assert directive_in(edge, "proxy_request_buffering") == "on"  # the whole body before the admission server
     assert directive_in(edge, "proxy_pass", "= /predict") == "http://shim_admission"
@@ -910,14 +911,20 @@ def test_the_proxy_agrees_with_the_shims_settings() -> None:
     assert seconds(directive_in(admission, "proxy_read_timeout")) >= settings.triton_timeout_s + 5
     assert seconds(directive_in(edge, "proxy_read_timeout", "= /predict")) > \
         seconds(directive_in(admission, "proxy_read_timeout"))
-    # Probes: straight from the edge to gunicorn (no budget, no extra hop), never limited; nginx gives /readyz
+    # Probes: straight from the edge to gunicorn (no budget, no extra hop), limited only as every path is (the
+    # address's requests in progress, inherited from the server), without a body; nginx gives /readyz
     # more than the shim's readiness deadline, and the kubelet more than nginx.
     for path in ("/healthz", "/readyz"):
         assert directive_in(edge, "proxy_pass", f"= {path}") == "http://shim"
         assert READINESS_DEADLINE_S + 0.5 <= seconds(directive_in(edge, "proxy_read_timeout",
                                                                           f"= {path}")) <= 2
         assert "limit_conn" not in location_block(edge, f"= {path}") and f"= {path}" not in admission
-    assert directive_in(edge, "proxy_pass", "/") == "http://shim"
+        assert "if ($shim_has_body) { return 413; }" in location_block(edge, f"= {path}")
+    assert directive_in(edge, "limit_conn") == "shim_client_requests 64"  # the server's: every location
+    # Nothing but /predict, the probes and /openapi.json reaches gunicorn from the public port.
+    assert set(re.findall(r"location (= /[\w.-]+|/) \{", edge)) == \
+        {"= /predict", "= /healthz", "= /readyz", "= /proxy-healthz", "= /openapi.json", "/"}
+    assert "proxy_pass" not in location_block(edge, "/")
     assert k8s_proxy()["readinessProbe"]["timeoutSeconds"] > seconds(directive_in(edge, "proxy_read_timeout",
                                                                                  "= /readyz"))
     # Upstream keep-alive: nginx drops an idle connection before gunicorn does, never reusing one it closes.
@@ -998,3 +1005,18 @@ def test_kustomize_generates_the_proxy_configmap_from_deploy_nginx(tmp_path: Pat
     for version in K8S_VERSIONS:
         result = run(tool("kubernetes-validate"), "--strict", "-k", version, built)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_proxys_temporary_files_fit_the_volume_that_holds_them() -> None:
+    """client_body_temp holds the /predict bodies the edge admits (shim_edge_predict, all addresses), each up to
+    the upload limit; no other path takes a body. The proxy-cache emptyDir's sizeLimit is that and a margin,
+    so nginx's bound comes before the kubelet's eviction."""
+    edge = server_block("edge")
+    bodies = int(re.search(r"limit_conn shim_edge_predict (\d+);", location_block(edge, "= /predict")).group(1))  # type: ignore[union-attr]
+    env = {e["name"]: e.get("value") for e in k8s_proxy()["env"]}
+    worst_gib = bodies * int(env["PROXY_MAX_BODY_MB"]) / 1024
+    volumes = k8s_object("Deployment", "shim")["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == "proxy-cache"]
+    size = mebibytes(volume["emptyDir"]["sizeLimit"]) / 1024
+    assert worst_gib < size <= worst_gib + 2, f"sizeLimit {size} GiB for {worst_gib} GiB of bodies"
+    assert nginx_directive("client_max_body_size") == "1k"  # no other path stores a body

@@ -84,9 +84,8 @@ def test_what_is_played_differs_from_the_rendered_manifests_only_where_the_docs_
     assert all(p["hostIP"] == "127.0.0.1" for c in containers for p in c.get("ports", []))
     assert set(needed) <= set(stack_config["services"])
     assert len(plan.changes) >= 5 and all(len(change) > 40 for change in plan.changes)  # each says why
-    # The Secret that docs/production.md has the user create, made by the run: Triton's pod cannot start without it.
-    assert plan.user_secrets == {"triton-admin": ["key"]}
-    assert any("triton-admin: key" in change for change in plan.changes)
+    # No pod needs a Secret the user creates: Triton holds no key, the shim none either.
+    assert plan.user_secrets == {}
 
 
 def test_only_secrets_the_user_creates_and_no_optional_ones_are_made_for_the_run() -> None:
