@@ -383,7 +383,7 @@ def smoke(triton: Any, plan: Plan) -> dict[str, Any]:
     import tritonclient.http as httpclient
 
     from app.description import load
-    from app.preprocess import decode, prepare
+    from app.preprocess import decode, to_tensor
     from bench import stack
 
     description = load(Path(triton.config.model_repository) / DESCRIBED / "model.toml")
@@ -414,7 +414,7 @@ def smoke(triton: Any, plan: Plan) -> dict[str, Any]:
         sent = httpclient.InferInput("encoded", [1, len(jpeg)], "UINT8")
         sent.set_data_from_numpy(np.frombuffer(jpeg, np.uint8).reshape(1, -1), binary_data=True)
         got = client.infer(description.decode_model, [sent]).as_numpy("decoded")
-        cpu = prepare(decode(jpeg, description.spec()), description.spec(), fp32=True).fp32()
+        cpu = to_tensor(decode(jpeg, description.spec()), description.spec())
         std = np.asarray(description.std, np.float32).reshape(3, 1, 1)
         levels = np.abs(np.asarray(got).reshape(cpu.shape) - cpu) * std * 255
         out["through_triton"] = {"dtype": str(got.dtype), "shape": list(got.shape),

@@ -190,7 +190,7 @@ def test_the_shim_runs_as_a_non_root_user(stack: Stack) -> None:
 
 
 # Run in the shim's container (`python -c INSIDE_SHIM METHOD PATH [JSON BODY] [TOKEN]`): gunicorn's own port,
-# which serves what the public port does not (/metrics, /traffic, /admin/traffic). Prints status, then body.
+# which serves what the public port does not (/metrics, /traffic). Prints status, then body.
 INSIDE_SHIM = """
 import sys, urllib.error, urllib.request
 method, path = sys.argv[1], sys.argv[2]

@@ -179,20 +179,20 @@ def raw_exchange(port: int, head: bytes, timeout_s: float = 8.0) -> tuple[bytes,
 
 def test_the_public_port_serves_the_api_only_and_takes_a_body_on_predict_only(shim_triton: ServedApp,
                                                                              tmp_path: Path) -> None:
-    """Through deploy/nginx's nginx: /metrics, /traffic and /admin/traffic are not served on the public port
+    """Through deploy/nginx's nginx: /metrics and /traffic are not served on the public port
     (gunicorn's port still serves them: Prometheus scrapes there); every path but /predict answers a declared
     body with 413 at once, without reading it (a 16 MB Content-Length, nothing sent after the head) and
     without passing it on; the probes and /openapi.json are served."""
     nginx = proxy_in_front_of(shim_triton, tmp_path)
     try:
-        for path in ("/metrics", "/traffic", "/admin/traffic", "/nope"):
+        for path in ("/metrics", "/traffic", "/nope"):
             answer = requests.get(nginx.url + path, timeout=10)
             assert answer.status_code == 404 and answer.json()["error"] == "not_found", (path, answer.text)
             assert requests.get(shim_triton.url + path, timeout=10).status_code != 404 or path == "/nope", path
-        assert requests.put(nginx.url + "/admin/traffic", timeout=10).status_code == 404
+        assert requests.put(nginx.url + "/traffic", timeout=10).status_code == 404
         for path in ("/healthz", "/readyz", "/openapi.json"):
             assert requests.get(nginx.url + path, timeout=10).status_code == 200, path
-        for path in ("/metrics", "/healthz", "/readyz", "/openapi.json", "/x", "/admin/traffic"):
+        for path in ("/metrics", "/healthz", "/readyz", "/openapi.json", "/x", "/traffic"):
             head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
                     "Content-Length: 16000000\r\n\r\n").encode()
             data, first, closed = raw_exchange(nginx.port, head)

@@ -150,12 +150,14 @@ def test_shadow_mode_compares_this_models_answers_and_they_match(own: Own) -> No
         return {r: total(samples, "shim_shadow_comparisons_total", result=r) for r in ("match", "mismatch", "error",
                                                                                       "skipped")}
 
-    own.switch("shadow")
-    before = counts()
-    for upload in UPLOADS[:4]:
+    own.switch("shadow")  # its probe requests are shadowed too: let their comparisons land first
+    settled = [counts()]
+    wait_until(lambda: settled.append(counts()) or settled[-1] == settled[-2], 180, "the probes' comparisons")
+    before = settled[-1]
+    for i, upload in enumerate(UPLOADS[:4], start=1):  # one at a time: never more shadow calls than it runs at once
         answer = ask(own.shim, upload)
         assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == "legacy", answer.text
-    wait_until(lambda: sum(counts().values()) >= sum(before.values()) + 4, 180, "4 more shadow comparisons")
+        wait_until(lambda n=i: sum(counts().values()) >= sum(before.values()) + n, 180, f"shadow comparison {i}")
     after = counts()
     assert {r: after[r] - before[r] for r in after} == {"match": 4, "mismatch": 0, "error": 0, "skipped": 0}
 
