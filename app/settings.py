@@ -68,7 +68,6 @@ RETIRED: dict[str, str] = {
     "SHIM_OVERRIDE_HEADER": "the per-request X-Shim-Backend override is gone: " + _TRAFFIC,
 }
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP field name (RFC 9110 token)
-# Triton's admin key: no ',', ':', '=' or space (its --http-restricted-api syntax); devstack/run.py makes one
 
 
 class Mode(enum.StrEnum):
