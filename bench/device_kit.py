@@ -411,8 +411,8 @@ def smoke(triton: Any, plan: Plan) -> dict[str, Any]:
                          "decoded_on": "device" if on_device else "host"}
     client = httpclient.InferenceServerClient(triton.http_url, network_timeout=120)
     try:
-        sent = httpclient.InferInput("encoded", [1, len(jpeg)], "UINT8")
-        sent.set_data_from_numpy(np.frombuffer(jpeg, np.uint8).reshape(1, -1), binary_data=True)
+        sent = httpclient.InferInput("encoded", [1, 1], "BYTES")  # one upload per row, as the shim batches them
+        sent.set_data_from_numpy(np.array([[jpeg]], dtype=object), binary_data=True)
         got = client.infer(description.decode_model, [sent]).as_numpy("decoded")
         cpu = to_tensor(decode(jpeg, description.spec()), description.spec())
         std = np.asarray(description.std, np.float32).reshape(3, 1, 1)

@@ -120,8 +120,11 @@ def metric(url: str, name: str, **labels: str) -> float:
     return sum(s.value for s in scrape(url + "/metrics") if s.matches(name, labels))
 
 
-def triton_count(triton: EmbeddedTriton, model: str) -> float:
-    return sum(s.value for s in scrape(triton.metrics_url) if s.matches("nv_inference_count", {"model": model}))
+def triton_count(triton: EmbeddedTriton, model: str, name: str = "nv_inference_count") -> float:
+    return sum(s.value for s in scrape(triton.metrics_url) if s.matches(name, {"model": model}))
+
+
+FAILURE_MODELS = ("resnet50_encoded", "resnet50_decode")
 
 
 def post(url: str, data: bytes) -> requests.Response:
@@ -137,6 +140,7 @@ def test_one_corrupt_upload_among_fifteen_good_ones_fails_alone(shim_encoded: Se
     truncated = good[0][:at + 4] + b"\x00" + b"\xff" * 16 + good[0][at + 21:]
     refused_before = metric(shim_encoded.url, "shim_encoded_cpu_path_total", reason="decoder_refused")
     sent_before = triton_count(triton, "resnet50_encoded")
+    failed_before = {m: triton_count(triton, m, "nv_inference_request_failure") for m in FAILURE_MODELS}
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda d: post(shim_encoded.url, d), [truncated, *good]))
     assert [a.status_code for a in answers] == [400] + [200] * 15, [a.text[:200] for a in answers]
@@ -146,6 +150,8 @@ def test_one_corrupt_upload_among_fifteen_good_ones_fails_alone(shim_encoded: Se
     assert answers[0].json()["error"] == "invalid_image"
     assert metric(shim_encoded.url, "shim_encoded_cpu_path_total", reason="decoder_refused") == refused_before + 1
     assert triton_count(triton, "resnet50_encoded") - sent_before == 16  # the corrupt one too: `readable` false
+    # A client's corrupt upload is no failure of Triton's: TritonInferenceFailures (deploy/prometheus) stays quiet.
+    assert {m: triton_count(triton, m, "nv_inference_request_failure") for m in FAILURE_MODELS} == failed_before
     tensors = [post(shim_triton.url, d).json()["predictions"][0]["class_id"] for d in good]
     assert sum(a.json()["predictions"][0]["class_id"] == t for a, t in zip(answers[1:], tensors, strict=True)) >= 14
 
