@@ -44,7 +44,7 @@ def batch_of(route: str, batch: int, jpeg: bytes) -> Any:
         return rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)
     if route == "uint8":
         return rng.integers(0, 256, (batch, 224, 224, 3), dtype=np.uint8)
-    return np.tile(np.frombuffer(jpeg, dtype=np.uint8), (batch, 1))  # the same JPEG: equal lengths
+    return np.array([[jpeg]] * batch, dtype=object)  # the encoded route: one upload per row (BYTES [N, 1])
 
 
 def client_loop(kind: str, url: str, route: str, batch: int, jpeg: bytes, threads: int, duration_s: float,
@@ -65,7 +65,8 @@ def client_loop(kind: str, url: str, route: str, batch: int, jpeg: bytes, thread
 
     def run(i: int) -> None:
         triton = client.InferenceServerClient(url)
-        inp = client.InferInput(input_name, list(data.shape), "FP32" if data.dtype.kind == "f" else "UINT8")
+        dtype = {"f": "FP32", "u": "UINT8", "O": "BYTES"}[data.dtype.kind]
+        inp = client.InferInput(input_name, list(data.shape), dtype)
         out = client.InferRequestedOutput("output__0", **({} if kind == "grpc" else {"binary_data": True}))
         for _ in range(3):  # warm: connection, first request
             inp.set_data_from_numpy(data, **({} if kind == "grpc" else {"binary_data": True}))
