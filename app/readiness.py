@@ -3,7 +3,8 @@
 /readyz is unauthenticated and a Triton that hangs makes each check wait its whole deadline, so checks made
 by every thread that asks would let a burst of /readyz occupy every gunicorn thread (and /healthz with
 them). Instead one thread runs the check; any thread that asks meanwhile gets the latest answer at once,
-with its age. A "ready" answer is not repeated once the check under way has waited past its deadline.
+with its age. A "ready" answer is not repeated once the check under way has waited past its deadline, nor
+when it was older than the deadline when that check began.
 The circuit breaker's health watcher asks here too. Time comes from `clock` (tests pass their own).
 """
 
@@ -64,4 +65,9 @@ class SharedCheck:
         if latest.ready and waited > self._deadline_s:
             return Readiness(False, f"a readiness check has waited {waited:.1f} s for Triton (its last answer, "
                                     f"{age:.1f} s ago, was: {latest.detail})", age_s=age)
+        if latest.ready and since is not None and since - at > self._deadline_s:
+            # A "ready" from before a quiet spell says nothing of now (a worker that nobody probed while Triton
+            # hung): only the check under way can tell.
+            return Readiness(False, f"a readiness check of Triton is under way; its last answer is {age:.1f} s "
+                                    f"old", age_s=age)
         return replace(latest, age_s=age)

@@ -45,13 +45,13 @@ def test_while_one_thread_checks_the_others_get_the_latest_answer_at_once_with_i
     first.join(timeout=10)
 
     check.release.clear()
-    clock.advance(2.0)
+    clock.advance(0.5)
     second = threading.Thread(target=shared)
     second.start()
     wait_until(lambda: check.inside == 1, 10, "the second check to start")
     clock.advance(0.4)
     latest = shared()
-    assert latest.readiness.ready and latest.readiness.age_s == 2.4 and not latest.fresh
+    assert latest.readiness.ready and latest.readiness.age_s == 0.9 and not latest.fresh
     clock.advance(0.7)  # the check under way has now waited 1.1 s, past its deadline: "ready" is not repeated
     stale = shared().readiness
     assert not stale.ready and "has waited 1.1 s for Triton" in stale.detail, stale
@@ -59,6 +59,25 @@ def test_while_one_thread_checks_the_others_get_the_latest_answer_at_once_with_i
     second.join(timeout=10)
     mine = shared()
     assert mine.fresh and mine.readiness.ready and mine.readiness.age_s == 0.0
+
+
+def test_a_ready_answer_from_before_a_quiet_spell_is_not_repeated_while_a_check_is_under_way() -> None:
+    """A worker nobody probed for a while (Triton may have hung since): only the check under way can tell."""
+    clock, check = FakeClock(), SlowCheck()
+    shared = SharedCheck(check, deadline_s=1.0, clock=clock)
+    check.release.set()
+    assert shared().readiness.ready
+    check.release.clear()
+    clock.advance(10.0)
+    under_way = threading.Thread(target=shared)
+    under_way.start()
+    wait_until(lambda: check.inside == 1, 10, "the check to start")
+    clock.advance(0.2)
+    meanwhile = shared()
+    assert not meanwhile.fresh and not meanwhile.readiness.ready, meanwhile
+    assert "under way; its last answer is 10.2 s old" in meanwhile.readiness.detail
+    check.release.set()
+    under_way.join(timeout=10)
 
 
 def test_a_hundred_open_and_recover_cycles_use_one_health_watcher_thread() -> None:
