@@ -159,7 +159,9 @@ def test_shadow_mode_compares_this_models_answers_and_they_match(own: Own) -> No
         assert answer.status_code == 200 and answer.headers["X-Shim-Backend"] == "legacy", answer.text
         wait_until(lambda n=i: sum(counts().values()) >= sum(before.values()) + n, 180, f"shadow comparison {i}")
     after = counts()
-    assert {r: after[r] - before[r] for r in after} == {"match": 4, "mismatch": 0, "error": 0, "skipped": 0}
+    new = {r: after[r] - before[r] for r in after}  # a late probe's comparison may land here too: >= 4
+    assert new["match"] >= 4 and {r: new[r] for r in ("mismatch", "error", "skipped")} == \
+        {"mismatch": 0, "error": 0, "skipped": 0}, new
 
 
 def test_the_migration_report_is_a_go_for_mobilenet(triton: EmbeddedTriton, test_repo: Path,
