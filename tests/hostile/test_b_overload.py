@@ -30,16 +30,23 @@ any time, and they leave at X, the accepted requests per second measured over th
 per-request service time under this load; workers / X per worker). Little's law then bounds the mean time an
 accepted request spends: mean <= L / X, plus what happens outside the bounded queue (gunicorn parsing the
 request before admission): asserted as mean <= 1.5 L / X + 0.05 s. A worker serves its queue in arrival
-order, so a request admitted last waits about SHIM_MAX_PENDING of its worker's service times; the service
-rate itself swings by about 2x from one second to the next here (the flood's refusals and the generator take
-CPU from the shim), hence the tail: p99 <= 3 L / X + 0.1 s. Both are bounds set by the queue, independent of
-the number of connections, where the issue measured a p99 of 11.8 s for 256 connections.
+order, so a request admitted last waits for at most the L - 1 admitted before it, while the other worker
+serves about as many again. The tail is therefore counted in service turns, not seconds: how many accepted
+requests the shim completed while this one was in it, so that a second in which the machine's other jobs take
+the CPU (the flood's refusals, the generator, a shared CI machine's neighbours) stretches no bound. Measured
+here: p99 1.8 L (one address) and 2.5 L (eight) in turns, 2.2 and 2.9 L / X in seconds; one CI run had 3.7
+and 3.3 L / X in seconds. What spreads it past 2 L: the kernel hands nginx's connections to the two workers
+unevenly, and the GIL wakes a worker's threads in no particular order. Asserted: p99 <= 4 L turns. Unbounded,
+a request would wait for all 256 connections' requests (a mean of 256 turns, a p99 of 2-4 times that), and
+the issue measured a p99 of 11.8 s.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
+from typing import Any
 
 import pytest
 
@@ -60,6 +67,18 @@ def by_error(outcome: Outcome, error: str) -> list[float]:
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
+
+
+def turns_waited(log: list[dict[str, Any]], window: list[dict[str, Any]]) -> list[int]:
+    """For each request of `window` that the shim answered 200: how many requests the shim answered 200
+    (inside the window or not) while it was in the shim, by gunicorn's time (ends from nginx's $msec)."""
+    ends = sorted(float(e["time_unix"]) for e in log if e["path"] == "/predict" and e["status"] == 200)
+    turns = []
+    for e in window:
+        if e["status"] == 200:
+            end = float(e["time_unix"])
+            turns.append(bisect.bisect_left(ends, end) - bisect.bisect_right(ends, end - float(e["upstream_time_s"])))
+    return turns
 
 
 @pytest.mark.parametrize("addresses", [1, len(FLOOD_SOURCES)], ids=["one-address", "eight-addresses"])
@@ -88,6 +107,7 @@ def test_a_flood_is_refused_fast_and_health_stays_fast(healthy: Stack, figures: 
     window = [e for e in stack.log_since(mark) if e["path"] == "/predict"
               and opened <= float(e["time_unix"]) - float(e["request_time_s"]) and float(e["time_unix"]) <= closed]
     accepted = [float(e["upstream_time_s"]) for e in window if e["status"] == 200]
+    turns = turns_waited(stack.log_since(mark), window)
     refused = [e for e in window if e["status"] == 503]
     by_edge = [float(e["request_time_s"]) for e in refused if not e["upstream"] and e["refusal"] != "overloaded"]
     by_admission = [float(e["admission_time_s"]) for e in refused if e["refusal"] == "overloaded"]
@@ -106,7 +126,9 @@ def test_a_flood_is_refused_fast_and_health_stays_fast(healthy: Stack, figures: 
                 f"{rate:.1f}/s; {ms(mean)}, {ms(percentile(accepted, 50))}, {ms(percentile(accepted, 99))}")
     figures.add(scenario, f"queue bound L/X, L = min({settings.workers} workers x {settings.max_pending} pending, "
                 f"{in_all} in all, {addresses} x {per_client})",
-                f"{ms(queue_s)} (mean bound {ms(1.5 * queue_s + 0.05)}, p99 bound {ms(3 * queue_s + 0.1)})")
+                f"{ms(queue_s)} (mean bound {ms(1.5 * queue_s + 0.05)})")
+    figures.add(scenario, "accepted: requests the shim completed during each one's stay, p50 / p99 (bound 4 L)",
+                f"{percentile(turns, 50):.0f} / {percentile(turns, 99):.0f} ({4 * in_shim})")
     figures.add(scenario, f"refused by nginx (limit_conn {in_all} in all, {per_client} per address): count, p50, "
                 "p99 (server side)",
                 f"{len(by_nginx)}, {ms(percentile(by_nginx, 50))}, {ms(percentile(by_nginx, 99))}")
@@ -140,8 +162,9 @@ def test_a_flood_is_refused_fast_and_health_stays_fast(healthy: Stack, figures: 
             f"the budget's refusals: p99 {ms(percentile(by_admission, 99))}, more than serving "
             f"(p50 {ms(percentile(accepted, 50))})")
     assert mean <= 1.5 * queue_s + 0.05, f"accepted mean {ms(mean)}: more than the queue explains ({ms(queue_s)})"
-    assert percentile(accepted, 99) <= 3 * queue_s + 0.1, (
-        f"accepted p99 {ms(percentile(accepted, 99))} over the queue's bound {ms(3 * queue_s + 0.1)}")
+    assert percentile(turns, 99) <= 4 * in_shim, (
+        f"accepted p99: {percentile(turns, 99):.0f} requests completed during its stay, more than 4 x {in_shim} "
+        f"the queue explains (p99 {ms(percentile(accepted, 99))}, L/X {ms(queue_s)})")
 
 
 def test_without_the_proxy_a_flood_for_the_record(healthy: Stack, figures: Figures) -> None:
