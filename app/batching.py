@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from app import metrics
-from app.backends.base import Backend, Rows
+from app.backends.base import Backend, Rows, SendAgain
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, ShimError
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,10 @@ class _Pending:
 
 
 class Batcher:
-    def __init__(self, backend: Backend, upstream: Upstream, *, max_delay_s: float, senders: int) -> None:
+    def __init__(self, backend: Backend, upstream: Upstream, *, max_delay_s: float, senders: int,
+                 turn: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext) -> None:
         self.backend = backend
+        self._turn = turn  # the worker's decode bound, for what a SendAgain row needs done before it goes again
         self._upstream = upstream
         self._cond = upstream.cond  # one lock: a sender wakes for new requests and for upstream changes
         self._queue: collections.deque[_Pending] = collections.deque()
@@ -91,7 +93,17 @@ class Batcher:
         self._closed = False
 
     def submit(self, item: Any, request_id: str, *, timeout_s: float) -> npt.NDArray[np.float32]:
-        """The logits row for this one item, within `timeout_s`; raises the request's own error."""
+        """The logits row for this one item, within `timeout_s`; raises the request's own error. A row the
+        backend asks for again (SendAgain) is prepared anew here, in the request's thread, and sent once more."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            return self._submit(item, request_id, timeout_s)
+        except SendAgain as e:
+            with self._turn():
+                again = e.make()
+            return self._submit(again, request_id, deadline - time.monotonic())
+
+    def _submit(self, item: Any, request_id: str, timeout_s: float) -> npt.NDArray[np.float32]:
         self._ensure_started()
         pending = _Pending(item, request_id)
         with self._cond:

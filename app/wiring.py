@@ -84,8 +84,9 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     check_start(settings, legacy_lacks())  # gunicorn's master checked it already; other servers stop here
     upstream = Upstream()
     delay_s = settings.batch_delay_ms / 1000
+    admission = Admission(max_pending=settings.max_pending)
     batchers = {
-        TRITON: Batcher(chosen[TRITON], upstream, max_delay_s=delay_s, senders=TRITON_SENDERS),
+        TRITON: Batcher(chosen[TRITON], upstream, max_delay_s=delay_s, senders=TRITON_SENDERS, turn=admission.turn),
         # In-process torch already uses every core for one batch: one sender.
         LEGACY: Batcher(chosen[LEGACY], upstream, max_delay_s=delay_s, senders=1),
     }
@@ -101,7 +102,6 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
                           scores=scores)
     flag = TrafficFlag(settings.flag_file, TrafficState(mode=settings.mode), legacy_lacks=legacy_lacks)
     rollback = AutoRollback(flag) if settings.auto_rollback else None
-    admission = Admission(max_pending=settings.max_pending)
     # A fallback decode for the legacy backend takes a decode turn like any other (the decode bound).
     router = Router(flag=flag, batchers=batchers, breaker=breaker, shadow=shadow, fallback=settings.fallback,
                     timeout_s=settings.triton_timeout_s, rollback=rollback, triton_check=triton_check,

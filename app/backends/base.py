@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -16,8 +16,18 @@ if TYPE_CHECKING:
 
 Row = npt.NDArray[np.float32]  # one image's logits [classes]
 # What infer() returns: one entry per item, in order: its logits, or its own error (an upload that only it
-# could not be sent as). A [N, classes] array is N rows.
+# could not be sent as, or SendAgain). A [N, classes] array is N rows.
 Rows = npt.NDArray[np.float32] | Sequence[Row | ShimError]
+
+
+class SendAgain(ShimError):
+    """A row the backend could not answer as sent: `make()`, run in the request's own thread under the worker's
+    decode bound (app/batching.py), returns the item to send instead, or raises the upload's own error. The
+    batch's sender never does that CPU work: it would hold up every other row of its next batch."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        super().__init__("the backend asks for this upload again, prepared otherwise")
+        self.make = make
 
 
 @dataclass(frozen=True)
@@ -33,9 +43,9 @@ class Backend(Protocol):
     prepare(upload) runs in the request's own thread (under the worker's decode bound): the CPU work the
     backend needs done before a batch goes (decoding, a tensor), and it returns the item that infer() is
     later handed for that upload, in a batch with other requests' items. infer() returns exactly one entry per
-    item, a row or that item's own ShimError; it raises app.errors.BackendError subclasses only, for the whole
-    batch. It may be called from several threads of one process at once; an implementation keeps whatever
-    is not thread-safe per thread.
+    item, a row or that item's own ShimError (or SendAgain); it raises app.errors.BackendError subclasses only,
+    for the whole batch. It may be called from several threads of one process at once; an implementation
+    keeps whatever is not thread-safe per thread.
     """
 
     name: str

@@ -4,6 +4,7 @@ stays the legacy contract's (the real decoder in Triton: tests/integration/test_
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import create_app, metrics
+from app import create_app, images, metrics
 from app.preprocess import ImageSpec
 from app.settings import Mode, Settings
 from app.sniff import cpu_reason
@@ -182,6 +183,22 @@ def test_an_upload_the_decoder_refuses_gets_the_legacy_answer(apps: Apps) -> Non
     assert good.status_code == 200 and good.get_json() == apps.predict(JPEG, "tensors").get_json()
     assert cpu_path("decoder_refused") == before + 2
     assert apps.triton.tensors == 1
+
+
+def test_a_refused_upload_is_decoded_in_its_own_requests_thread_never_in_the_batch_sender(
+        apps: Apps, monkeypatch: pytest.MonkeyPatch) -> None:
+    apps.triton.refuse = {JPEG}
+    threads: list[str] = []
+    real_normalize = images.normalize
+
+    def normalize(*args: Any) -> Any:  # where the upload's tensor is made
+        threads.append(threading.current_thread().name)
+        return real_normalize(*args)
+
+    monkeypatch.setattr(images, "normalize", normalize)
+    assert apps.predict(JPEG).status_code == 200
+    assert threads and not [name for name in threads if name.startswith("batcher-")], threads
+    assert apps.triton.tensors == 1  # and its tensor went to the model
 
 
 def test_incomplete_jpegs_never_reach_a_decoder_that_would_fill_them_in(apps: Apps,

@@ -5,12 +5,13 @@ and normalises them in Triton. Its decode step's parameters are checked against 
 Which uploads go as they came is app/sniff.py's choice, from the header alone, in the request's own thread;
 the others are decoded there by the legacy rules (the contract's 400 / 413 exactly as before) and go as FP32
 tensors to the model, as fp32 sends them. The ensemble says per row whether its decoder read the upload
-(`readable`); a row it refused is decoded here by the legacy rules: a corrupt upload gets the legacy app's
-400, and fails no other row of its batch.
+(`readable`); a row it refused comes back to its request's thread (SendAgain), which decodes it by the legacy
+rules and sends the tensor: a corrupt upload gets the legacy app's 400, and holds up no other row.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from app import metrics, sniff
+from app.backends.base import SendAgain
 from app.backends.triton.checks import (
     NAME,
     READABLE,
@@ -79,17 +81,19 @@ class EncodedTransport(Transport):
                     rows[i] = row
                     continue
                 metrics.ENCODED_CPU_PATH.labels("decoder_refused").inc()
-                try:  # the legacy rules decide: a 400 for what Pillow cannot read either
-                    upload.tensor()
-                    decoded.append((i, upload))
-                except ShimError as e:
-                    rows[i] = e
+                rows[i] = SendAgain(functools.partial(self._decoded_here, upload))
         if decoded:
             batch = np.stack([upload.tensor() for _, upload in decoded])
             for (i, _), row in zip(decoded, self._tensors.send(clients, batch, request_id), strict=True):
                 rows[i] = row
         assert all(row is not None for row in rows)
         return [row for row in rows if row is not None]
+
+    @staticmethod
+    def _decoded_here(upload: Upload) -> Upload:
+        """By the legacy rules, in the request's thread: a 400 for what Pillow cannot read either."""
+        upload.tensor()
+        return upload
 
     def _send(self, clients: Clients, uploads: list[bytes], request_id: str) -> tuple[Any, Any]:
         spec = self.spec or self.check(clients)
