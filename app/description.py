@@ -126,6 +126,9 @@ class ModelDescription:
     # Triton's dynamic batcher, as perf_analyzer or Model Analyzer tuned it ((): 8, 16, 32 up to max_batch_size)
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_delay_us: int = 500
+    queue_timeout_us: int = 0  # a request queued longer is refused by Triton (0: none)
+    max_queue_size: int = 0  # requests queued beyond it are refused by Triton (0: no bound)
+    response_cache: bool = False  # identical inputs answered from Triton's cache
 
     @property
     def folder(self) -> Path:
@@ -340,7 +343,10 @@ def parse(raw: Mapping[str, Any], path: Path) -> ModelDescription:
         std=std, classes=classes, labels=labels, labels_from=labels_from, scores=scores, top_k=top_k,
         max_batch_size=max_batch_size, instances=triton.whole("instances", 2, low=1, high=64),
         preferred_batch_sizes=tuple(preferred),
-        max_queue_delay_us=triton.whole("max_queue_delay_microseconds", 500, low=0, high=10_000_000))
+        max_queue_delay_us=triton.whole("max_queue_delay_microseconds", 500, low=0, high=10_000_000),
+        queue_timeout_us=triton.whole("queue_timeout_microseconds", 0, low=0, high=600_000_000),
+        max_queue_size=triton.whole("max_queue_size", 0, low=0, high=1_000_000),
+        response_cache=triton.flag("response_cache", False))
     fields.unknown()
     return description
 

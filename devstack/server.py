@@ -147,7 +147,8 @@ class EmbeddedTriton:
             f"--model-repository={self.cpu_repo}",
             f"--backend-directory={wheel.backend_directory(self.cache_dir / 'backends')}",
             f"--cache-directory={wheel.caches}",
-            f"--cache-config=local,size={c.response_cache_bytes}",
+            *([] if any(a.startswith("--cache-config") for a in c.extra_args)  # compose's own, passed on
+              else [f"--cache-config=local,size={c.response_cache_bytes}"]),
             f"--http-address={c.host}", f"--http-port={c.http_port}",
             f"--grpc-address={c.host}", f"--grpc-port={c.grpc_port}",
             f"--metrics-address={c.host}", f"--metrics-port={c.metrics_port}",

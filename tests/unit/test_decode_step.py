@@ -151,15 +151,26 @@ def test_fixed_size_and_non_square_forms_give_the_legacy_tensors_shape_within_th
 
 
 def test_the_forms_generate_configs_with_their_input_dims_and_parameters() -> None:
-    wide = model_repo.generated_files(form("wide_app"))
-    assert "dims: [ 3, 224, 288 ]" in wide[Path("wide_app/config.pbtxt")]
-    assert "dims: [ 224, 288, 3 ]" in wide[Path("wide_app_uint8/config.pbtxt")]
-    assert '{ key: "crop", value: { string_value: "224,288" } }' in wide[Path("wide_app_decode/config.pbtxt")]
-    assert '{ key: "resize", value: { string_value: "256,320" } }' in wide[Path("wide_app/config.pbtxt")]
-    v2_files = model_repo.generated_files(form("v2_app"))
-    decode_config = v2_files[Path("v2_app_decode/config.pbtxt")]
-    assert '"resize_on", value: { string_value: "tensor" }' in decode_config
-    assert '"to_float", value: { string_value: "multiply" }' in decode_config
-    assert "multiplication by 1/255" in v2_files[Path("v2_app_normalize/config.pbtxt")]
-    classic = model_repo.generated_files(form("mobilenet_v3_small"))[Path("mobilenet_v3_small/config.pbtxt")]
-    assert "antialias" not in classic and "resize_on" not in classic and "to_float" not in classic
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    def configs(name: str) -> dict[str, mc.ModelConfig]:
+        files = model_repo.generated_files(form(name))
+        return {rel.parts[0]: text_format.Parse(text, mc.ModelConfig()) for rel, text in files.items()
+                if rel.name == "config.pbtxt"}
+
+    def parameters(config: mc.ModelConfig) -> dict[str, str]:
+        return {key: value.string_value for key, value in config.parameters.items()}
+
+    wide = configs("wide_app")
+    assert list(wide["wide_app"].input[0].dims) == [3, 224, 288]
+    assert list(wide["wide_app_uint8"].input[0].dims) == [224, 288, 3]
+    assert parameters(wide["wide_app_decode"])["crop"] == "224,288"
+    assert parameters(wide["wide_app"])["resize"] == "256,320"
+    v2 = configs("v2_app")
+    assert {k: parameters(v2["v2_app_decode"])[k] for k in ("resize_on", "to_float")} == {
+        "resize_on": "tensor", "to_float": "multiply"}
+    normalize = model_repo.generated_files(form("v2_app"))[Path("v2_app_normalize/config.pbtxt")]
+    assert "multiplication by 1/255" in normalize
+    classic = parameters(configs("mobilenet_v3_small")["mobilenet_v3_small"])
+    assert not {"antialias", "resize_on", "to_float"} & set(classic)

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
 
 from app.description import DescriptionError, load, parse, resolve
 from app.settings import Settings
@@ -82,10 +84,11 @@ def test_the_example_descriptions_are_valid_and_differ_from_resnet50(path: Path)
     assert (d.resize, d.interpolation, d.mean, d.classes, d.resize_on) != (256, "bilinear", (0.485, 0.456, 0.406),
                                                                          1000, "pil")
     files = model_repo.generated_files(d)
-    config = files[Path(d.name, "config.pbtxt")]
-    assert f"dims: [ {d.classes} ]" in config and f'name: "{d.name}"' in config
-    assert f'{{ key: "interpolation", value: {{ string_value: "{d.interpolation}" }} }}' in config
-    assert f'model_name: "{d.normalize_model}"' in files[Path(d.uint8_model, "config.pbtxt")]
+    config = text_format.Parse(files[Path(d.name, "config.pbtxt")], mc.ModelConfig())
+    assert (config.name, list(config.output[0].dims)) == (d.name, [d.classes])
+    assert config.parameters["interpolation"].string_value == d.interpolation
+    uint8 = text_format.Parse(files[Path(d.uint8_model, "config.pbtxt")], mc.ModelConfig())
+    assert uint8.ensemble_scheduling.step[0].model_name == d.normalize_model
 
 
 def test_a_model_with_its_own_mean_and_std_gets_its_own_normalize_step() -> None:
@@ -288,8 +291,9 @@ def test_a_torchvision_architecture_exports_with_its_class_count(tmp_path: Path)
     export([str(path), "--repo", str(tmp_path)])
     info = export_model.read_export_info(tmp_path / "small" / "1" / "model.pt")
     assert info is not None and (info["arch"], info["num_classes"], info["seed"]) == ("mobilenet_v3_small", 10, 0)
-    config = (tmp_path / "small" / "config.pbtxt").read_text()
-    assert "dims: [ 3, 64, 64 ]" in config and "dims: [ 10 ]" in config and "count: 1" in config
+    config = text_format.Parse((tmp_path / "small" / "config.pbtxt").read_text(), mc.ModelConfig())
+    assert (list(config.input[0].dims), list(config.output[0].dims), config.instance_group[0].count) == (
+        [3, 64, 64], [10], 1)
     assert "kept" in export([str(path), "--repo", str(tmp_path)]), "a current model.pt is not exported again"
 
 
@@ -342,6 +346,24 @@ def test_the_dynamic_batchers_tuning_is_written_into_every_config_that_batches()
         mc.ModelConfig())
     assert (list(default.dynamic_batching.preferred_batch_size),
             default.dynamic_batching.max_queue_delay_microseconds) == ([8, 16, 32], 500)
+    assert not default.dynamic_batching.HasField("default_queue_policy") and not default.HasField("response_cache")
+
+
+def test_the_queue_policy_and_the_response_cache_are_written_where_triton_reads_them() -> None:
+    d = parse({"name": "x", "model": {"torchvision": "resnet18"},
+               "triton": {"queue_timeout_microseconds": 80_000, "max_queue_size": 256, "response_cache": True}},
+              Path("/repo/x/model.toml"))
+    files = model_repo.generated_files(d)
+    model, decode, cpu = (text_format.Parse(files[Path(rel)], mc.ModelConfig())
+                          for rel in ("x/config.pbtxt", "x_decode/config.pbtxt", "x/configs/cpu.pbtxt"))
+    for config in (model, decode, cpu):  # every config that batches; a request past either bound is refused
+        policy = config.dynamic_batching.default_queue_policy
+        assert (policy.timeout_action, policy.default_timeout_microseconds, policy.max_queue_size) == (
+            mc.ModelQueuePolicy.REJECT, 80_000, 256)
+    assert model.response_cache.enable and cpu.response_cache.enable and not decode.HasField("response_cache")
+    with pytest.raises(DescriptionError, match=r"\[triton\] response_cache"):
+        parse({"name": "x", "model": {"torchvision": "resnet18"}, "triton": {"response_cache": "yes"}},
+              Path("/repo/x/model.toml"))
 
 
 def test_a_link_out_of_the_models_folder_stops_the_export_naming_the_field(tmp_path: Path) -> None:

@@ -207,6 +207,9 @@ def test_a_config_older_than_its_description_stops_the_embedded_server(tmp_path:
 def test_a_decode_step_older_than_its_description_or_the_shims_code_stops_the_embedded_server(tmp_path: Path) -> None:
     import shutil
 
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
     from devstack.cpu_repo import check_model_files
 
     repo = tmp_path / "repo"
@@ -216,9 +219,11 @@ def test_a_decode_step_older_than_its_description_or_the_shims_code_stops_the_em
     (repo / "resnet50" / "1" / "model.pt").write_bytes(b"weights")
     check_model_files(repo)  # as exported: fine
     config = repo / "resnet50_decode" / "config.pbtxt"
-    config.write_text(config.read_text().replace('string_value: "bilinear"', 'string_value: "bicubic"')
-                      .replace('{ key: "color", value: { string_value: "convert" } }',
-                               '{ key: "max_size", value: { string_value: "300" } }'))
+    edited = text_format.Parse(config.read_text(), mc.ModelConfig())
+    edited.parameters["interpolation"].string_value = "bicubic"
+    del edited.parameters["color"]
+    edited.parameters["max_size"].string_value = "300"
+    config.write_text(text_format.MessageToString(edited))
     with pytest.raises(EmbeddedTritonError, match=r"resnet50_decode, the decode step of resnet50, is older than "
                                                   r"resnet50/model.toml or the shim: color not served, the "
                                                   r"description says 'convert'; interpolation='bicubic', the "
