@@ -6,7 +6,7 @@
     python modelrepo/export.py --configs-only           # only the generated configs: no torch needed
     python modelrepo/export.py --check                  # exit 1 when a generated config is out of date
 
-From one description it writes (modelrepo/generate.py has the templates):
+From one description it writes (modelrepo/generate.py builds the configs):
   <name>/config.pbtxt, <name>/configs/cpu.pbtxt   dims [3, crop, crop] -> [classes], instances, batching, and the
                                                   preprocessing as `parameters` that Triton serves back
   <name>/labels.txt                               torchvision's ImageNet names (labels_from = "imagenet") or a
