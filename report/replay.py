@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from app.backends.base import SendAgain
 from app.description import check_labels, read_labels, resolve
 from app.errors import ShimError
 from app.images import Upload
@@ -230,6 +231,8 @@ class InProcess:
         started = time.perf_counter()
         try:  # prepared as the shim prepares it: the encoded transport sends the upload as it came
             row = chosen.infer([chosen.prepare(image.upload)], [f"report-{image.index}-{backend}"])[0]
+            if isinstance(row, SendAgain):  # Triton's decoder refused it: decoded here, as the shim would
+                row = chosen.infer([row.make()], [f"report-{image.index}-{backend}"])[0]
             if isinstance(row, ShimError):
                 raise row
         except ShimError as e:  # the backends raise nothing else

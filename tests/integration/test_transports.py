@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.backends.base import SendAgain
 from app.errors import InvalidImage
 from app.images import Upload
 from app.preprocess import ImageSpec
@@ -56,7 +57,10 @@ def test_encoded_sends_a_batch_as_one_request_and_a_corrupt_upload_fails_alone(
     rows = send("encoded", triton.http_url, [JPEGS[0], truncated, *JPEGS[2:]])
     requests_after, images_after = triton_counts(triton, "resnet50_encoded")
     assert (requests_after - requests_before, images_after - images_before) == (1, 5), "one request of five uploads"
-    assert isinstance(rows[1], InvalidImage) and rows[1].status == 400, rows[1]  # the legacy rules' answer
+    assert isinstance(rows[1], SendAgain), rows[1]  # back to its request's thread, which decodes it there
+    with pytest.raises(InvalidImage) as refused:  # by the legacy rules, which cannot read it either
+        rows[1].make()
+    assert refused.value.status == 400
     good = np.stack([rows[0], *rows[2:]])  # type: ignore[list-item]
     want = today[[0, 2, 3, 4]]
     assert good.shape == (4, 1000)

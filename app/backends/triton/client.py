@@ -22,7 +22,9 @@ from app.errors import BackendError, BackendTimeout, BackendUnavailable
 T = TypeVar("T")
 NAME = "triton"
 # Triton answers 400 with these words when the model is absent or not (yet) loaded.
-UNAVAILABLE_MARKERS = ("unknown model", "not ready", "no available versions", "not found", "unavailable")
+# "exceeds maximum queue size": the model's queue policy ([triton] max_queue_size) refused it: Triton is overloaded
+UNAVAILABLE_MARKERS = ("unknown model", "not ready", "no available versions", "not found", "unavailable",
+                       "exceeds maximum queue size")
 
 
 class Clients:
