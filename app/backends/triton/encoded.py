@@ -53,7 +53,7 @@ class EncodedTransport(Transport):
 
     @property
     def model(self) -> str:
-        return self.target.encoded_model or f"{self.target.model}_encoded"
+        return self.target.encoded_model
 
     def refused(self) -> str | None:
         return self.target.encoded_refusal

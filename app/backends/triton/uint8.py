@@ -18,7 +18,7 @@ class Uint8Transport(Fp32Transport):
 
     @property
     def model(self) -> str:
-        return self.target.uint8_model or f"{self.target.model}_uint8"
+        return self.target.uint8_model
 
     @property
     def version(self) -> str:
