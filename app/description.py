@@ -2,22 +2,9 @@
 
     triton_repo/<name>/model.toml   (SHIM_MODEL_REPOSITORY / SHIM_MODEL_NAME / model.toml)
 
-It says what the legacy app's torchvision transform did (resize and its interpolation, crop, mean, std,
-what happens to grayscale, alpha and palette images), what the model answers (class count, labels, how
-scores are made: softmax of logits, sigmoid per class, or probabilities as they come), top-k, how Triton
-runs it and which file modelrepo/export.py exports. Its readers:
-  * the shim, at start (app/wiring.py; gunicorn's master checks it before any worker starts): its ImageSpec,
-    labels, score function, top-k and class count;
-  * modelrepo/export.py, which writes from it the model's config.pbtxt, configs/cpu.pbtxt, the
-    `<name>_uint8` ensemble, the normalize step, the encoded transport's `<name>_encoded` ensemble and
-    `<name>_decode` step (decode_parameters(): every pixel-changing field; encoded_refusal(): why not), labels.txt
-    and the TorchScript file;
-  * Triton, through the `parameters` of the generated config.pbtxt (`parameters()` below: resize, crop,
-    interpolation, mean, std, scores; strings, as a python-backend model reads them): the shim compares
-    what Triton serves with its own description at readiness, and the embedded server's CPU copy refuses
-    a config.pbtxt that is older than its description; the decode step's parameters are checked at readiness on
-    the encoded route (compare_parameters: the one comparison of served parameters with a description).
-No torch here: the production image reads it too. Every error names the file, the field and the fix.
+Its readers: the shim at start, modelrepo/export.py (configs, ensembles, labels, model.pt) and Triton, through the
+generated configs' `parameters`, which readiness compares with it (docs/own-model.md). No torch here: the
+production image reads it too. Every error names the file, the field and the fix.
 """
 
 from __future__ import annotations

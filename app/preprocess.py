@@ -1,17 +1,8 @@
 """Uploaded bytes -> RGB PIL image -> normalised FP32 CHW array, as the legacy app's torchvision does.
 
-The legacy app runs Resize(size, interpolation, max_size) -> CenterCrop(crop) -> ToTensor -> Normalize(mean,
-std) on a PIL image (the defaults: Resize(256), CenterCrop(224), ImageNet's mean/std; a model's own come
-from its description, app/description.py). This module gives the same tensor (bit for bit) with Pillow
-and numpy, no torch, as torchvision 0.29's PIL path computes it: the same Pillow resize filter
-(pil_modes_mapping: nearest-exact is Pillow's NEAREST too; antialias does not apply to PIL images) with
-torchvision's output size (_compute_resized_output_size: the long side truncated, max_size applied after),
-no resize when the size is already right, the same crop offsets (round((h - crop) / 2)), the same zero
-padding when the crop is larger than the resized image, and a per-channel lookup table that holds, for
-each of the 256 pixel values, what ToTensor (or v2's ToDtype) + Normalize compute in float32. Fixed-size
-resizes (Resize((h, w))) and non-square crops take the same path. A v2 transform that resizes the uint8
-tensor (after ToImage) is resized with Pillow here, within one pixel level of torch's antialiased resize.
-Everything is built once; the functions hold no state.
+The same tensor, bit for bit, with Pillow and numpy and no torch, as torchvision 0.29's PIL path computes it
+(docs/architecture.md): its output size and Pillow filter, its crop offsets and padding, and a per-channel lookup
+table of what ToTensor + Normalize give each pixel value in float32. Built once; the functions hold no state.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """nginx's answers as the shim's metrics: nginx's access log, received as UDP syslog datagrams and counted.
 
-Behind nginx (deploy/nginx), nginx answers a good share of the requests itself: its 503s (too many requests
-of one address, the inference budget spent), 413s, 400s and 408s never reach gunicorn, so the shim's own
-counters never see them. nginx sends one syslog datagram per answer (log_format shim_metrics: status, path
-and its reason) to SHIM_PROXY_LOG_ADDRESS; a small process, `python -m app.proxy_log HOST:PORT`, started and
-restarted by gunicorn's master (app/gunicorn_conf.py, through Supervisor below), counts them in
-shim_proxy_responses_total{path,status,reason}. It writes to the same prometheus_client multiprocess folder
-as the workers, so the shim's /metrics serves the counts with everything else: nothing more to scrape.
-
-UDP rather than a unix datagram socket: a unix socket queues at most net.unix.max_dgram_qlen datagrams (10 in
-a container's network namespace) and nginx drops what does not fit, while a UDP socket queues what its
-receive buffer holds (4 MiB asked for, thousands of lines). Kubernetes: nginx and the shim share the pod's
-loopback (127.0.0.1:5140); docker compose: nginx sends to shim:5140 on the network only the two share.
-
-A process of its own rather than a thread in the master: the master forks workers, and a thread holding
-prometheus_client's lock at that instant would leave it locked in the new worker forever.
+nginx answers many requests itself (its 503s, 413s, 400s, 408s); `python -m app.proxy_log HOST:PORT`, run by
+gunicorn's master (app/gunicorn_conf.py), counts them in shim_proxy_responses_total, in the workers' multiprocess
+folder (docs/proxy.md). UDP, because a unix datagram socket queues only 10 datagrams in a container and nginx drops
+the rest; a process, not a master thread, because a fork would inherit prometheus_client's lock held.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Which backend answers a request: the traffic mode in force, applied per request, with guardrails.
+"""Which backend answers a request: the traffic mode in force (legacy, triton, shadow, canary), with guardrails.
 
-    legacy  the in-process model answers
-    triton  Triton answers
-    shadow  legacy answers; a share of requests is also sent to Triton off the request path, compared
-    canary  a sticky share of clients (by targeting key) is answered by Triton, the rest by legacy
-
-In triton and canary modes a failed Triton call is answered by legacy when fallback is on (counted), the
-upload prepared for legacy under the worker's decode bound (`turn`, app/admission.py);
-a circuit breaker stops calling Triton after repeated failures and probes it after a cool-down; and,
-when enabled, a Triton error rate over the threshold drops the canary share to 0 (app/rollback.py).
+In triton and canary modes a failed Triton call is answered by legacy when fallback is on, a circuit breaker keeps
+calls away from a failing Triton, and the automatic rollback may drop the canary share to 0 (docs/traffic.md).
 Router.infer says what happened: the logits, the backend that answered, and why, if it fell back.
 """
 

@@ -1,9 +1,7 @@
 """Shadow traffic: the client gets the legacy answer; Triton's answer to the same upload is compared.
 
-Shadow calls run on a small pool of threads off the request path. At most `max_inflight` run at once
-per worker; a request that finds them all busy is not shadowed (counted as skipped), so a slow or dead
-Triton never slows a client down. An open circuit skips shadowing too. Results are published as metrics,
-and a few mismatches per minute are logged with both top-k lists.
+Off the request path, at most `max_inflight` per worker; a request that finds them all busy (or the circuit open)
+is skipped and counted, so a slow Triton never slows a client. A few mismatches per minute are logged.
 """
 
 from __future__ import annotations
