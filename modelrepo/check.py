@@ -1,22 +1,14 @@
 """Does the shim preprocess exactly as your legacy app did? Your app's torchvision transform and a folder of your
-images, both ways, compared per image; PASS only when every tensor is bit-exact (or, where v2 resizes the uint8
-tensor, within the description's stated tolerance of one pixel level). docs/own-model.md shows each form.
+images, both ways, compared per image; PASS only when every tensor is bit-exact (or within the description's
+tolerance where v2 resizes the uint8 tensor). docs/own-model.md shows each form.
 
     python modelrepo/check.py legacy_app:transform ./images                   # resnet50's description
     python modelrepo/check.py my_app:preprocess ./images --model mymodel      # triton_repo/mymodel/model.toml
     python modelrepo/check.py examples.transforms:efficientnet_lite0 ./images \\
         --description examples/models/efficientnet_lite0/model.toml
 
-MODULE:ATTRIBUTE is imported as your app imports it (the current folder is on the path; importing an app may
-load its model). Each image is opened as the legacy app opened it (Pillow, then convert("RGB")) and run through
-the transform, and decoded and preprocessed by the shim with the model's description; the line per image is
-the largest absolute difference between the two tensors. The transform itself is read step by step (Composes of
-v1 or v2, nested; the weight presets; SUPPORTED below): a step the shim does not reproduce (an unknown
-torchvision class, a Lambda, a module or function of yours, a random augmentation, antialias=False on a tensor)
-is named, never approximated, and a field whose value differs from the transform's is named. Advice (`set
-[preprocess] field = value`) is printed only when the check, run again on the same images with the description
-so changed (read back through the description's own validation), passes; otherwise it says there is none.
-Exit status: 0 PASS, 1 FAIL (what differs and why is listed), 2 it could not run (the message says why).
+A step the shim does not reproduce is named, never approximated; advice (`set [preprocess] field = value`) is
+printed only when the check, run again with it, passes. Exit status: 0 PASS, 1 FAIL, 2 it could not run.
 """
 
 from __future__ import annotations
@@ -34,27 +26,16 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from app.description import COLORS, DescriptionError, ModelDescription, description_path, load, pair, parse
+from app.errors import ShimError
+from app.preprocess import decode, to_tensor
 
-from app.description import (  # noqa: E402
-    COLORS,
-    DescriptionError,
-    ModelDescription,
-    description_path,
-    load,
-    pair,
-    parse,
-)
-from app.errors import ShimError  # noqa: E402
-from app.preprocess import decode, to_tensor  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PASS, FAIL, USAGE = 0, 1, 2
 SUPPORTED = ("Compose (v1 or v2, nested), torchvision's ImageClassification weight presets, Resize (int or (h, w)), "
              "CenterCrop, ToTensor, PILToTensor / ToImage + ConvertImageDtype / ToDtype(float32, scale=True), "
              "ToPureTensor and Normalize")
-FIELDS = ("resize", "interpolation", "max_size", "antialias", "resize_on", "crop", "to_float", "mean", "std")
 
 
 @dataclass

@@ -6,24 +6,9 @@
     python modelrepo/export.py --configs-only           # only the generated configs: no torch needed
     python modelrepo/export.py --check                  # exit 1 when a generated config is out of date
 
-From one description it writes (modelrepo/generate.py has the templates):
-  <name>/config.pbtxt, <name>/configs/cpu.pbtxt   dims [3, crop, crop] -> [classes], instances, batching, and the
-                                                  preprocessing as `parameters` that Triton serves back
-  <name>/labels.txt                               torchvision's ImageNet names (labels_from = "imagenet") or a
-                                                  copy of your file; its line count is checked against classes
-  <name>/1/model.pt                               TorchScript: a torchvision architecture (a local state_dict, or
-                                                  seeded), a TorchScript file you have, or EfficientNet-Lite0
-                                                  pretrained (PyPI); every one is run once on [1, 3, crop, crop]
-                                                  and its output checked against [1, classes]
-  <name>_uint8/                                   the ensemble of the uint8 transports
-  normalize/ or <name>_normalize/                 its ToTensor + Normalize step, with this model's mean/std
-  <name>_encoded/, <name>_decode/                 the encoded transport's ensemble and its decode step, whose
-                                                  1/model.py is a copy of modelrepo/triton_models/decode.py (none
-                                                  for an interpolation the step cannot reproduce: it says why)
-A description given from elsewhere is copied to <repo>/<name>/model.toml, where the shim reads it.
-
-Weights: with seeded weights (no `weights`, no $SHIM_MODEL_WEIGHTS) the architecture, shapes and speed are
-real and the predictions are not; the tool says which in one line, and records it inside model.pt.
+It writes the configs (modelrepo/generate.py), labels.txt and the TorchScript model.pt, run once and checked
+against the description's shapes (docs/model-repository.md). Seeded weights (no `weights`, no
+$SHIM_MODEL_WEIGHTS) give real shapes and speed and meaningless predictions: the tool says so, and model.pt records it.
 """
 
 from __future__ import annotations
@@ -39,11 +24,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from app.description import (  # noqa: E402
+from app.description import (
     FILENAME,
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -54,7 +35,9 @@ from app.description import (  # noqa: E402
     load,
     pair,
 )
-from modelrepo import generate as model_repo  # noqa: E402
+from modelrepo import generate as model_repo
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ARCHS = {
     "resnet18": "ResNet18_Weights",
@@ -62,7 +45,6 @@ ARCHS = {
     "resnet50": "ResNet50_Weights",
     "resnet101": "ResNet101_Weights",
 }
-DEFAULT_SEED = 0
 # Read back by tools and tests with torch.jit.load(..., _extra_files={EXPORT_INFO: ""}).
 EXPORT_INFO = "export.json"
 NORMALIZE_INFO = {"model": "normalize", "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "layout": "NHWC uint8"}

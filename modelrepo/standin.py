@@ -2,18 +2,9 @@
 
     python modelrepo/standin.py DEST [--source triton_repo]
 
-Two users, both of which must never touch triton_repo/ itself:
-  * the front-end benchmark (`python -m bench --frontend`): a near-free `resnet50` with the exact
-    interface makes the shim's own CPU per image, not the model, decide the throughput, as on a GPU host;
-  * the compose CI stack (`make compose-test`): its Triton image runs the wheel's Triton with no torch.
-
-Every model keeps its committed config (names, dtypes, dims, max batch, dynamic batching, instance
-groups); a `pytorch_libtorch` model becomes a python-backend model whose model.py comes from
-modelrepo/triton_models/. Other models (preprocess, the ensembles) are copied as they are, except that a
-python-backend model whose model.py imports torch or nvImageCodec (the generated `<name>_decode` steps of the
-encoded transport, whose model.py the export copies from modelrepo/triton_models/decode.py; left out too before the
-export wrote it) and the ensembles that use it are left out unless `keep_torch_models` (the front-end benchmark's
-`encoded` row keeps them: its Triton runs in the project's virtualenv, which has torch).
+For the front-end benchmark (the shim's CPU, not the model, sets the throughput) and the compose CI stack (no torch
+in its Triton). Configs stay as committed; the models whose code imports torch (the decode steps) and the
+ensembles that use them are left out unless `keep_torch_models`.
 """
 
 from __future__ import annotations
@@ -25,8 +16,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 STANDINS = Path(__file__).resolve().parent / "triton_models"
 # Which stand-in replaces each TorchScript model of triton_repo.
