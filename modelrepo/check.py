@@ -20,7 +20,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -234,12 +234,9 @@ def read_transform(transform: Any) -> Implied:
 
 def differences(implied: Implied, description: ModelDescription) -> dict[str, Any]:
     """The description's fields whose values differ from the transform's: {field: the transform's value}."""
-    theirs = {"resize": implied.resize, "interpolation": implied.interpolation, "max_size": implied.max_size,
-              "antialias": implied.antialias, "resize_on": implied.resize_on, "crop": implied.crop,
-              "to_float": implied.to_float, "mean": tuple(implied.mean), "std": tuple(implied.std)}
     out: dict[str, Any] = {}
-    for key, value in theirs.items():
-        ours = getattr(description, key)
+    for key in (f.name for f in fields(Implied) if f.name != "problems"):
+        value, ours = getattr(implied, key), getattr(description, key)
         if key == "max_size":
             value = value or None
         if value is None and key != "max_size":

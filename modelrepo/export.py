@@ -92,8 +92,6 @@ def build_model(arch: str, weights: Path | None, seed: int, num_classes: int = 1
     except AttributeError:
         raise ExportError(f"torchvision.models has no architecture {arch!r}") from None
     if weights is not None:
-        if not weights.is_file():
-            raise ExportError(f"weights file {weights} does not exist")
         state = torch.load(weights, map_location="cpu", weights_only=True)
         try:
             model.load_state_dict(state.get("state_dict", state), strict=True)
@@ -199,9 +197,8 @@ def export_normalize(repo: Path, version: int = 1, force: bool = False,
     existing = read_export_info(target) or {}
     if not force and all(existing.get(k) == v for k, v in wanted.items()):
         return target
-    mean, std = (description.mean, description.std) if description else (IMAGENET_MEAN, IMAGENET_STD)
-    to_float = description.to_float if description else "divide"
-    save_torchscript(build_normalize(mean, std, to_float), target, wanted)
+    steps = (description.mean, description.std, description.to_float) if description else ()
+    save_torchscript(build_normalize(*steps), target, wanted)
     print(f"export_model: wrote {target} (ToTensor + Normalize for the uint8 transport)")
     return target
 
@@ -267,22 +264,16 @@ def check_runs(model: Any, description: ModelDescription, what: str) -> None:
 def _labels(description: ModelDescription) -> list[str]:
     source = description.labels_from
     if source == "imagenet":
-        labels = labels_for("resnet50")
-        where = Path("torchvision's ImageNet class names")
-    elif source:
-        where = description.folder / source
+        labels, where = labels_for("resnet50"), Path("torchvision's ImageNet class names")
+    else:
+        where = description.folder / source if source else description.labels
         try:
             labels = [line.strip() for line in where.read_text().splitlines() if line.strip()]
         except OSError as e:
-            raise ExportError(f"{description.path}: [output] labels_from = {source!r} cannot be read "
-                              f"({e.strerror or e}): give a labels file, one class per line") from None
-    else:
-        where = description.labels
-        try:
-            labels = [line.strip() for line in where.read_text().splitlines() if line.strip()]
-        except OSError:
-            raise ExportError(f"{description.path}: no labels file {where} and no [output] labels_from: write "
-                              "one class name per line there, or set labels_from = \"imagenet\" or a file") from None
+            raise ExportError(f"{description.path}: " + (
+                f"[output] labels_from = {source!r} cannot be read ({e.strerror or e}): give a labels file, one class "
+                "per line" if source else f"no labels file {where} and no [output] labels_from: write one class name "
+                "per line there, or set labels_from = \"imagenet\" or a file")) from None
     try:
         check_labels(description, tuple(labels), where)
     except DescriptionError as e:
@@ -299,13 +290,12 @@ def _source_info(description: ModelDescription, args: argparse.Namespace) -> dic
         weights = args.weights if args.weights is not None else source.weights
         info: dict[str, object] = {"arch": args.arch or source.value, "num_classes": description.classes}
         if weights is None:
-            info["batchnorm"] = f"calibrated on random {description.crop}x{description.crop} inputs"
-        if weights is not None:
-            if not weights.is_file():
-                raise ExportError(f"weights file {weights} does not exist ([model] weights or $SHIM_MODEL_WEIGHTS)")
-            info.update(weights=str(weights), sha256=hashlib.sha256(weights.read_bytes()).hexdigest()[:16])
+            info.update(batchnorm=f"calibrated on random {description.crop}x{description.crop} inputs",
+                        seed=args.seed if args.seed is not None else source.seed)
+        elif not weights.is_file():
+            raise ExportError(f"weights file {weights} does not exist ([model] weights or $SHIM_MODEL_WEIGHTS)")
         else:
-            info["seed"] = args.seed if args.seed is not None else source.seed
+            info.update(weights=str(weights), sha256=hashlib.sha256(weights.read_bytes()).hexdigest()[:16])
         return info
     if source.kind == "torchscript":
         path = Path(source.value)
