@@ -32,10 +32,8 @@ TRITON_SENDERS = 2  # Triton requests in flight at once per worker: one batch is
 
 
 class Upstream:
-    """How many requests of this worker are on their way to a batcher (decoding, preprocessing).
-
-    Shared by all batchers of a worker: a sender holds a batch open only while this is above zero.
-    """
+    """How many requests of this worker are on their way to a batcher (decoding, preprocessing); shared by its
+    batchers: a sender holds a batch open only while this is above zero."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()

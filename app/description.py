@@ -34,20 +34,16 @@ COLORS = {
     "white": "transparent pixels are composited on white first (Image.alpha_composite on an opaque white image), "
              "then convert('RGB')",
 }
-# The interpolations Triton's decode step (modelrepo/triton_models/decode.py, the encoded transport) resizes
-# with: torchvision has a tensor resize for bilinear and bicubic, and Pillow's NEAREST is an index rule; box,
-# hamming and lanczos exist only in Pillow, so a model described with one of them is refused the encoded transport.
+# What the encoded transport's decode step resizes with; box, hamming and lanczos have no tensor resize (refused).
 ENCODED_INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic")
 # What the decode step reads from its parameters: every field of [preprocess] that changes pixels.
 DECODE_PARAMETERS = ("resize", "crop", "interpolation", "max_size", "antialias", "resize_on", "to_float", "mean",
                      "std", "color")
-# Where the legacy transform resizes: the PIL image (v1, or v2 before ToImage) or the uint8 tensor (v2 after
-# ToImage / PILToTensor). The shim resizes with Pillow either way: on "tensor" torch's antialiased resize differs
-# from Pillow's by at most one pixel level (measured: tests/unit/test_preprocess.py), the stated tolerance.
+# Where the legacy transform resizes: the PIL image or (v2 after ToImage) the uint8 tensor, which torch resizes
+# within one pixel level of the shim's Pillow (tests/unit/test_preprocess.py): the stated tolerance.
 RESIZE_ON = ("pil", "tensor")
 TENSOR_INTERPOLATIONS = ("bilinear", "bicubic")
-# How uint8 becomes float: ToTensor / ConvertImageDtype / the presets divide by 255; v2's ToDtype(float32,
-# scale=True) multiplies by 1/255 (a different last bit for some values).
+# How uint8 becomes float: ToTensor divides by 255; v2's ToDtype(scale=True) multiplies by 1/255 (another last bit).
 TO_FLOAT = ("divide", "multiply")
 SCORES = {"softmax": "the model answers logits; scores are their softmax (one class per image)",
           "sigmoid": "the model answers logits; scores are a sigmoid per class (multi-label)",
@@ -156,9 +152,8 @@ class ModelDescription:
         return f"{self.name}_encoded"
 
     def encoded_refusal(self) -> str | None:
-        """Why the encoded transport cannot serve this model (None: it can). Its decode step resizes with
-        torchvision's tensor resize, which does only ENCODED_INTERPOLATIONS like Pillow; approximating another
-        filter would change answers silently, so the model keeps the tensor transports."""
+        """Why the encoded transport cannot serve this model (None: it can): approximating a filter its decode
+        step lacks would change answers silently."""
         if self.interpolation not in ENCODED_INTERPOLATIONS:
             return (f"{self.path}: [preprocess] interpolation = {self.interpolation!r} is one that Triton's decode "
                     f"step cannot reproduce (it resizes with {', '.join(ENCODED_INTERPOLATIONS)}; torchvision has "
@@ -202,10 +197,8 @@ class ModelDescription:
                          to_float=self.to_float)
 
     def parameters(self) -> dict[str, str]:
-        """What the generated config.pbtxt carries as `parameters` (Triton serves them back as the model's config),
-        as strings a python-backend model reads: resize and crop whole numbers, interpolation a lowercase
-        torchvision InterpolationMode name, mean and std three comma-separated floats; antialias, resize_on and
-        to_float only where they are not the default (a classic description's parameters stay as they were)."""
+        """What the generated config.pbtxt carries as `parameters`, as strings a python-backend model reads;
+        antialias, resize_on and to_float only where not the default (older descriptions' stay as they were)."""
         params = {"resize": size_text(self.resize), "crop": size_text(self.crop), "interpolation": self.interpolation,
                   "mean": ",".join(repr(v) for v in self.mean), "std": ",".join(repr(v) for v in self.std),
                   "color": self.color, "scores": self.scores}
@@ -234,10 +227,8 @@ class ModelDescription:
 
 def compare_parameters(served: Mapping[str, str], wanted: Mapping[str, str], *, every: bool = False,
                        described: str = "the description") -> list[str]:
-    """Where the `parameters` a config serves differ from those a description implies, one phrase each: the ones it
-    serves (every=False: a hand-written config without them is not compared), or all of them both ways
-    (every=True: for a step that reads them, where an absent one changes what it does). The one comparison of the
-    shim's readiness (app/backends/triton/checks.py), the embedded server's check and the agreement bench."""
+    """Where the `parameters` a config serves differ from those a description implies, one phrase each: only the
+    served ones, or (every=True, for a step that reads them) all both ways. The one such comparison there is."""
     keys = [k for k in wanted if k in served] if not every else sorted(set(served) | set(wanted))
     return [f"{k}={served[k]!r}, {described} says {wanted[k]!r}" if k in served and k in wanted else
             f"{k} not served, {described} says {wanted[k]!r}" if k in wanted else

@@ -57,12 +57,8 @@ class ImageSpec:
 
 
 def configure_pillow(spec: ImageSpec) -> None:
-    """Make sure Pillow's own bomb guard never refuses what the shim accepts.
-
-    decode() checks the size from the header against spec.max_pixels itself, with a clear message;
-    Pillow's guard (about 89 M pixels by default) stays as a second line of defence, raised only when
-    the shim's limit is set higher.
-    """
+    """Pillow's own bomb guard (about 89 M pixels) never refuses what decode() accepts: it is raised only when
+    spec.max_pixels is higher, and stays a second line of defence."""
     if Image.MAX_IMAGE_PIXELS is not None and spec.max_pixels > Image.MAX_IMAGE_PIXELS:
         Image.MAX_IMAGE_PIXELS = spec.max_pixels
 

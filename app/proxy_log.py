@@ -27,10 +27,7 @@ RESTART_S = 1.0
 
 def parse(datagram: bytes) -> tuple[str, str, str] | None:
     """(path, status, reason) from one syslog datagram of nginx (`<PRI>TIMESTAMP TAG: {json}`); None if not one.
-
-    Label values are bounded whatever arrives: a path outside PROXY_PATHS is "other", a status outside
-    100-599 or a reason that nginx's configuration does not name is "other".
-    """
+    Label values are bounded whatever arrives: what PROXY_PATHS, 100-599 or PROXY_REASONS lack is "other"."""
     from app.metrics import PROXY_PATHS, PROXY_REASONS
 
     start = datagram.find(b"{")
@@ -122,14 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class Supervisor:
-    """gunicorn's master keeps `python -m app.proxy_log HOST:PORT` running: started when the master is ready,
-    restarted a second after it exits, stopped with the master.
-
-    Started with posix_spawn, not subprocess.Popen: Popen waits on a pipe until its child has exec'd, and a
-    worker that the master forks meanwhile inherits that pipe's write end and keeps it open for its whole
-    life, so Popen, and with it the supervisor, would wait for ever (seen under load: never restarted).
-    posix_spawn reports a failed exec without a pipe. gunicorn's master reaps every child it does not know
-    (waitpid(-1)), so this one's exit status may be gone: its exit is what counts."""
+    """gunicorn's master keeps `python -m app.proxy_log HOST:PORT` running: started when it is ready, restarted a
+    second after it exits. posix_spawn, not Popen: Popen waits on a pipe until its child has exec'd, and a worker
+    forked meanwhile keeps the pipe open for its whole life (seen under load: never restarted). The master reaps
+    children it does not know, so the exit, not its status, is what counts."""
 
     def __init__(self, address: str) -> None:
         self.address = address

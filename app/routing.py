@@ -97,9 +97,8 @@ class Router:
         return self.flag.current().mode
 
     def _show_circuit(self, state: TrafficState | None = None) -> None:
-        """shim_circuit_open: 1 while the breaker keeps requests of the traffic in force away from Triton;
-        0 when it is closed, and when that traffic sends nothing to Triton (legacy, a share of 0 after a
-        rollback): an open circuit there keeps no request away."""
+        """shim_circuit_open: 1 while the breaker keeps requests of the traffic in force away from Triton; 0 when
+        that traffic sends none there (legacy, a share of 0 after a rollback)."""
         shown = int(self.breaker.state != CircuitBreaker.CLOSED and sends_to_triton(state or self.flag.current()))
         if shown != self._circuit_shown:
             with self._circuit_lock:
@@ -146,12 +145,8 @@ class Router:
             return Routed(logits, LEGACY, fallback_reason=reason)
 
     def readiness(self) -> ReadinessReport:
-        """Ready when the backends that answer this mode's clients can answer.
-
-        legacy and shadow: legacy (shadow never makes a client wait for Triton). triton: Triton, or legacy
-        when fallback covers it. canary: legacy, and Triton too unless fallback covers the canary share
-        (or the share is 0). Triton found ready half-opens an open circuit, so that the next request probes it.
-        """
+        """Ready when the backends that answer this mode's clients can answer (_ready); Triton found ready
+        half-opens an open circuit, so that the next request probes it."""
         state = self.flag.current()
         states: dict[str, Readiness] = {}
         if state.mode in MODES_USING_LEGACY or self.fallback:

@@ -61,10 +61,7 @@ class TrafficState:
     revision: int = 0  # one more for each write by the shim; 0 before the first
 
     def with_changes(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
-        """A new state from a partial update by `updated_by` (shim-traffic, the rollback); validates it.
-
-        Only CHANGES are accepted: who changed it and when are the writer's to fill in.
-        """
+        """A new state from a partial update (CHANGES only) by `updated_by` (shim-traffic, the rollback)."""
         unknown = sorted(set(changes) - set(CHANGES))
         if unknown:
             raise InvalidTraffic(f"unknown fields {', '.join(repr(u[:40]) for u in unknown[:10])}: a traffic "
