@@ -135,8 +135,7 @@ class ModelDescription:
 
     @property
     def normalize_model(self) -> str:
-        """The ToTensor + Normalize step of that ensemble: the shared `normalize` for ImageNet's mean/std at 224,
-        else one of this model's own (its mean/std, or its crop, differ)."""
+        """The uint8 ensemble's ToTensor + Normalize step: shared `normalize` for ImageNet's at 224, else its own."""
         imagenet = (self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and pair(self.crop) == (CROP, CROP)
                     and self.to_float == "divide")
         return "normalize" if imagenet else f"{self.name}_normalize"
@@ -163,8 +162,7 @@ class ModelDescription:
         return None
 
     def decode_parameters(self) -> dict[str, str]:
-        """The parameters of the decode step's config: every pixel-changing field of [preprocess], in
-        parameters()'s spelling (max_size only when set)."""
+        """The decode step's parameters: every pixel-changing field of [preprocess], as parameters() spells it."""
         params = self.parameters()
         return {key: params[key] for key in DECODE_PARAMETERS if key in params}
 
@@ -463,8 +461,7 @@ class Served:
 
 
 def resolve(settings: Settings) -> Served:
-    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME, its labels read; DescriptionError (a
-    SettingsError) when anything does not fit."""
+    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME, its labels read; DescriptionError if not fit."""
     description = load(settings.description_path)
     labels = read_labels(description.labels)
     check_labels(description, labels, description.labels)

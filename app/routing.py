@@ -125,8 +125,7 @@ class Router:
         return self._batchers[decision.backend].backend.prepare(upload)
 
     def infer(self, upload: Upload, item: Any, ctx: RequestContext, decision: Decision) -> Routed:
-        """Logits from the decided backend (`item`: what it prepared), or from legacy when Triton fails and
-        fallback is on."""
+        """Logits from the decided backend (`item`: what it prepared), or legacy's when Triton fails (fallback)."""
         if decision.backend == LEGACY:
             logits = self._batchers[LEGACY].submit(item, ctx.request_id, timeout_s=self._timeout_s)
             if decision.shadow:

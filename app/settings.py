@@ -88,8 +88,7 @@ def _env(name: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """What a user sets; docs/settings.md says when. What the model's model.toml says (labels, top_k, the legacy
-    model file, the ensembles' names) is read from it, and tuning constants live beside the code they tune."""
+    """What a user sets (docs/settings.md); what model.toml says is read from it, tuning constants live in code."""
 
     # Triton
     triton_url: str = "127.0.0.1:8000"

@@ -143,8 +143,7 @@ class TrafficFlag:
         return self._state
 
     def write(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
-        """Apply a partial update for every worker, on top of the latest file (under the writers' lock), then use
-        it here at once."""
+        """A partial update for every worker, on the latest file under the writers' lock; used here at once."""
         if self.path is None:
             raise FlagNotWritable("run-time switching is off: there is no flag file (set SHIM_FLAG_FILE; "
                                   "app/gunicorn_conf.py makes one per run)")

