@@ -2,9 +2,8 @@
 
     triton_repo/<name>/model.toml   (SHIM_MODEL_REPOSITORY / SHIM_MODEL_NAME / model.toml)
 
-Its readers: the shim at start, modelrepo/export.py (configs, ensembles, labels, model.pt) and Triton, through the
-generated configs' `parameters`, which readiness compares with it (docs/own-model.md). No torch here: the
-production image reads it too. Every error names the file, the field and the fix.
+Read by the shim at start, modelrepo/export.py and, through the generated configs' `parameters`, readiness
+(docs/own-model.md). No torch here: the production image reads it. Every error names the file, the field and the fix.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ if TYPE_CHECKING:
     from app.settings import Settings
 
 FILENAME = "model.toml"
-# torchvision's InterpolationMode values (what `InterpolationMode.BICUBIC.value` is), each with the Pillow filter
-# torchvision's PIL path uses for it (torchvision.transforms.functional.pil_modes_mapping).
+# torchvision's InterpolationMode values -> the Pillow filter its PIL path uses (functional.pil_modes_mapping).
 INTERPOLATIONS = {"nearest": 0, "nearest-exact": 0, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5,
                   "lanczos": 1}
 COLORS = {
@@ -54,8 +52,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 RESIZE, CROP, INTERPOLATION = 256, 224, "bilinear"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-# A file a description names: a relative path inside its folder, in plain characters (it is written into
-# config.pbtxt and copied by the export, so a quote, a backslash or a control character is refused, not escaped).
+# A file a description names: inside its folder, in plain characters (written into config.pbtxt: refused, not escaped).
 FILE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_. /+-]{0,199}")
 Size = int | tuple[int, int]  # an int: Resize's short side / a square crop; a pair: (height, width)
 

@@ -44,8 +44,7 @@ class ImageSpec:
         if self.to_float not in ("divide", "multiply"):
             raise ValueError(f"to_float {self.to_float!r} is not divide or multiply")
         values = np.arange(256, dtype=np.float32)
-        # ToTensor: a float32 division by 255; v2's ToDtype: a float32 multiplication by the reciprocal (its last
-        # bit differs for some values; torch casts the scalar 1 / 255 to float32, as np.float32 does here)
+        # ToTensor divides by 255; v2's ToDtype multiplies by 1 / 255 cast to float32, as torch does (another last bit)
         values = values / np.float32(255) if self.to_float == "divide" else values * np.float32(1 / 255)
         mean = np.asarray(self.mean, dtype=np.float32)[:, None]
         std = np.asarray(self.std, dtype=np.float32)[:, None]

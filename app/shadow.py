@@ -25,9 +25,8 @@ from app.scores import Scores, best, softmax
 
 log = logging.getLogger(__name__)
 MAX_INFLIGHT = 4  # shadow calls per worker at once; more are skipped, never queued
-# Largest score difference that still counts as a match: twice the largest measured for uploads that Triton's
-# decode step decoded (CPU: 0.0028 over 93 JPEGs, bench/device_check.sh --dry-run); the
-# tensor transports differ by ~1e-6. A GPU run measures its own (docs/gpu.md).
+# The largest score difference that is a match: twice the largest measured after Triton's decode step (CPU: 0.0028
+# over 93 JPEGs, bench/device_check.sh --dry-run; tensor transports ~1e-6). A GPU run measures its own (docs/gpu.md).
 TOLERANCE = 0.006
 LOGS_PER_MINUTE = 10  # mismatch samples logged per worker per minute
 

@@ -1,9 +1,8 @@
 """The encoded transport's choice, per upload, from its header alone: forward the bytes, or decode them here.
 
-Triton's decode step gets only complete RGB or grayscale JPEGs, what nvJPEG and libjpeg-turbo decode to Pillow's
-convert("RGB"); the rest takes the shim's CPU path, which gives the contract's 400 / 413 as before. Each reason is
-a label of shim_encoded_cpu_path_total (app.metrics.ENCODED_REASONS; docs/transports.md). About 20 us: the
-markers up to the first scan are read, nothing is decoded.
+Only complete RGB or grayscale JPEGs go to Triton's decode step (what nvJPEG and libjpeg-turbo decode as Pillow
+does); the rest takes the shim's CPU path and its 400 / 413, each reason a label of shim_encoded_cpu_path_total
+(docs/transports.md). About 20 us: the markers up to the first scan are read, nothing is decoded.
 """
 
 from __future__ import annotations

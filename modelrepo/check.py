@@ -1,14 +1,13 @@
-"""Does the shim preprocess exactly as your legacy app did? Your app's torchvision transform and a folder of your
-images, both ways, compared per image; PASS only when every tensor is bit-exact (or within the description's
-tolerance where v2 resizes the uint8 tensor). docs/own-model.md shows each form.
+"""Does the shim preprocess exactly as your legacy app did? Your app's transform and a folder of your images, both
+ways, per image: PASS only when every tensor is bit-exact (or within tolerance where v2 resizes the uint8 tensor).
 
     python modelrepo/check.py legacy_app:transform ./images                   # resnet50's description
     python modelrepo/check.py my_app:preprocess ./images --model mymodel      # triton_repo/mymodel/model.toml
     python modelrepo/check.py examples.transforms:efficientnet_lite0 ./images \\
         --description examples/models/efficientnet_lite0/model.toml
 
-A step the shim does not reproduce is named, never approximated; advice (`set [preprocess] field = value`) is
-printed only when the check, run again with it, passes. Exit status: 0 PASS, 1 FAIL, 2 it could not run.
+A step the shim does not reproduce is named; advice is printed only when a rerun with it passes (docs/own-model.md).
+Exit status: 0 PASS, 1 FAIL, 2 it could not run.
 """
 
 from __future__ import annotations
@@ -355,11 +354,6 @@ def compare(transform: Callable[[Any], Any], description: ModelDescription,
     return compared
 
 
-def _passes(transform: Callable[[Any], Any], description: ModelDescription, images: list[tuple[str, bytes]]) -> bool:
-    compared = compare(transform, description, images)
-    return all(c.max_diff is not None and c.max_diff <= description.tolerance for c in compared)
-
-
 def _with(description: ModelDescription, changes: dict[str, Any]) -> ModelDescription | str:
     """The description with `changes` in its [preprocess], read back through parse(); or why parse refuses it."""
     raw = tomllib.loads(description.path.read_text()) if description.path.is_file() else {"name": description.name}
@@ -394,7 +388,8 @@ def check(transform: Callable[[Any], Any], description: ModelDescription,
         if isinstance(candidate, str):
             result.no_advice = f"the transform's values are not a valid description: {candidate}"
             continue
-        if _passes(transform, candidate, images):
+        rerun = compare(transform, candidate, images)
+        if all(c.max_diff is not None and c.max_diff <= candidate.tolerance for c in rerun):
             result.advice = [f"{key} = {_toml(value)}" for key, value in changes.items()]
             return result
     result.no_advice = result.no_advice or ("no value of the description's fields was found that makes every "

@@ -6,9 +6,8 @@
     python modelrepo/export.py --configs-only           # only the generated configs: no torch needed
     python modelrepo/export.py --check                  # exit 1 when a generated config is out of date
 
-It writes the configs (modelrepo/generate.py), labels.txt and the TorchScript model.pt, run once and checked
-against the description's shapes (docs/model-repository.md). Seeded weights (no `weights`, no
-$SHIM_MODEL_WEIGHTS) give real shapes and speed and meaningless predictions: the tool says so, and model.pt records it.
+The configs (modelrepo/generate.py), labels.txt and model.pt, checked against the description's shapes
+(docs/model-repository.md). Seeded weights give real shapes and speed, meaningless predictions: it says so.
 """
 
 from __future__ import annotations
@@ -39,12 +38,7 @@ from modelrepo import generate as model_repo
 
 ROOT = Path(__file__).resolve().parent.parent
 
-ARCHS = {
-    "resnet18": "ResNet18_Weights",
-    "resnet34": "ResNet34_Weights",
-    "resnet50": "ResNet50_Weights",
-    "resnet101": "ResNet101_Weights",
-}
+ARCHS = {f"resnet{n}": f"ResNet{n}_Weights" for n in (18, 34, 50, 101)}  # labels_for: their ImageNet names
 # Read back by tools and tests with torch.jit.load(..., _extra_files={EXPORT_INFO: ""}).
 EXPORT_INFO = "export.json"
 NORMALIZE_INFO = {"model": "normalize", "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "layout": "NHWC uint8"}
@@ -79,8 +73,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated config is stale")
     return p.parse_args(argv)
 
-
-# -- building the models -------------------------------------------------------------------------------------
 
 def build_model(arch: str, weights: Path | None, seed: int, num_classes: int = 1000) -> Any:  # -> torch.nn.Module
     import torch
@@ -253,8 +245,6 @@ def check_runs(model: Any, description: ModelDescription, what: str) -> None:
                           f"classes = {description.classes}: set classes to the model's output size (and give "
                           "labels.txt as many lines)")
 
-
-# -- one description -> the repository -----------------------------------------------------------------------
 
 def _labels(description: ModelDescription) -> list[str]:
     source = description.labels_from

@@ -1,7 +1,5 @@
-"""Which version of the classifier an ensemble runs, against the version SHIM_MODEL_VERSION pins.
-
-The pin is the classifier's and is never sent to an ensemble: one honours it only when its step for the
-classifier names that version (-1, the default, runs the newest). Reads Triton's config JSON; no tritonclient.
+"""Which version of the classifier an ensemble runs, against the version SHIM_MODEL_VERSION pins: the pin is
+the classifier's, never sent to an ensemble, which honours it only when its step names that version (-1: newest).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Triton python-backend model: uploads' bytes (BYTES [N, 1], one per row) -> normalised FP32 CHW tensors.
 
-The one source of every generated `<name>_decode/1/model.py`. It does on the instance's device what the legacy
-app did with Pillow and torchvision (docs/transports.md): nvImageCodec decode (nvJPEG on a GPU, libjpeg-turbo on
-a CPU; EXIF orientation ignored, as convert("RGB") does), torchvision's Resize output size and CenterCrop, ToTensor
-and Normalize; nearest and nearest-exact pick Pillow's NEAREST pixels, bit for bit. Its parameters are the
-description's decode_parameters(). A row whose upload the decoder refused answers READABLE False and zeros: the
-shim decodes that upload itself, and no other row fails.
+The one source of every generated `<name>_decode/1/model.py`: on the instance's device, what the legacy app did
+with Pillow and torchvision (docs/transports.md), from the description's decode_parameters(). A row whose upload
+the decoder refused answers READABLE False and zeros: the shim decodes that upload itself; no other row fails.
 
 Nothing is imported from the shim's package (Triton's image does not have it): resized_size is
 app.preprocess.resized_size's rule, and tests/unit/test_decode_step.py holds the two equal.

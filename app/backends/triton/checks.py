@@ -1,7 +1,5 @@
-"""What readiness checks of a Triton model: its metadata and config against what a transport sends and expects.
-
-Reads the JSON that Triton serves (GET /v2/models/<m> and /config); no tritonclient here. Each mismatch is a
-ModelMismatch whose message says what to change.
+"""What readiness checks of a Triton model: its metadata and config (the JSON Triton serves; no tritonclient
+here) against what a transport sends and expects. Each mismatch is a ModelMismatch that says what to change.
 """
 
 from __future__ import annotations
