@@ -14,11 +14,8 @@ if TYPE_CHECKING:
 
 
 def create_app(settings: Settings | None = None, *, backends: Mapping[str, Backend] | None = None) -> Flask:
-    """Wiring only: settings (from SHIM_* unless given), the shim's objects, the HTTP API.
-
-    `backends` ({"triton": ..., "legacy": ...}) replaces the real backends: tests drive the whole app
-    in-process with fakes at that seam.
-    """
+    """Wiring only: settings (from SHIM_* unless given), the shim's objects, the HTTP API. `backends`
+    ({"triton": ..., "legacy": ...}) replaces the real ones: tests drive the whole app with fakes there."""
     from flask import Flask
 
     from app import api

@@ -1,15 +1,8 @@
 """Admission control of one worker: a bound on the /predict requests it holds, and their CPU work in order.
 
-    admit()  at most `max_pending` /predict requests in this worker at once (decoding, queued, waiting
-             for Triton); one more is refused at once with Overloaded (503 + Retry-After), so overload
-             becomes fast refusals instead of a queue that grows without bound. The worker keeps more
-             threads than that (app/settings.py: threads), so /healthz and /readyz always find one.
-    turn()   decoding and preprocessing, `slots` requests at a time, in arrival order: a request that
-             arrived earlier finishes its CPU work earlier, instead of every request of a burst sharing
-             the cores and all finishing late.
-    large()  a body over LARGE_BODY_BYTES (or of unknown length) waits for one of LARGE_SLOTS before it is
-             read, and gives freed memory back to the system when done (app/malloc.py): what a worker holds
-             of large uploads, their copies and their decodes stays bounded without costing the small ones.
+admit() refuses a request over `max_pending` at once (Overloaded, 503 + Retry-After): fast refusals, not a queue
+that grows; turn() runs decoding `slots` at a time in arrival order, so the early requests of a burst finish early;
+large() lets LARGE_SLOTS bodies over LARGE_BODY_BYTES in at once and trims malloc after each (app/malloc.py).
 """
 
 from __future__ import annotations

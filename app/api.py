@@ -117,8 +117,7 @@ def readyz() -> tuple[Response, int]:
 
 @bp.get("/traffic")
 def traffic() -> Response:
-    """Read-only: the mode in force in this worker, where it came from, the circuit's state (shim-traffic
-    changes it)."""
+    """Read-only: this worker's mode, where it came from, the circuit's state (shim-traffic changes it)."""
     router = shim().router
     state = router.flag.current()
     return jsonify(describe(state, router))

@@ -1,15 +1,9 @@
 """Collect the concurrent requests of one worker into one batched backend call.
 
-Each request thread submits one item (what the backend's prepare() made of its upload) and waits for its
-own row of logits, at most until its deadline. Sender threads (each with its own backend client) take what
-is queued, up to the backend's max batch size, make one call, and hand every request exactly its own answer,
-or its own error (a row the backend answered with an error of that request's upload alone, too). A sender
-never dies: whatever a call raises, every request it took is answered and the sender goes on with the next
-batch.
-
-A sender waits for more requests only while others are on their way (admitted into the worker but
-still decoding or preprocessing: see Upstream) and never longer than the delay: a lone request goes out
-at once, a burst leaves as one batch. Triton's dynamic batcher then merges the batches of several workers.
+Each request thread submits one item and waits, until its deadline, for its own row or its own error. Sender
+threads (one backend client each) never die: whatever a call raises, every request it took is answered. A sender
+waits for more only while admitted requests are still preprocessing (Upstream), never past the delay: a lone
+request goes at once, a burst as one batch.
 """
 
 from __future__ import annotations
@@ -38,10 +32,8 @@ TRITON_SENDERS = 2  # Triton requests in flight at once per worker: one batch is
 
 
 class Upstream:
-    """How many requests of this worker are on their way to a batcher (decoding, preprocessing).
-
-    Shared by all batchers of a worker: a sender holds a batch open only while this is above zero.
-    """
+    """How many requests of this worker are on their way to a batcher (decoding, preprocessing); shared by its
+    batchers: a sender holds a batch open only while this is above zero."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()

@@ -1,11 +1,8 @@
 """What the shim reads of a request body, and how it refuses one. No Flask here: WSGI environ only.
 
-* A body whose declared size is over the limit is refused before a byte of it is read.
-* A broken body (truncated, bad chunked encoding) raises BrokenBody (400) wherever it is read, instead
-  of whatever the server's reader raises (gunicorn's NoMoreData, InvalidChunkSize, ...).
-* A small body the app did not read (a 405, a missing field) is read and dropped after the answer is
-  made, so that a keep-alive connection stays usable; one over the limit, or broken, is left alone and
-  the server closes the connection (gunicorn does when it cannot drain what is left).
+A body declared over the limit is refused before a byte is read; a broken one raises BrokenBody (400) wherever it
+is read; a small body left unread is drained after the answer, so that keep-alive survives (a large or broken one
+is left, and the server closes the connection).
 """
 
 from __future__ import annotations

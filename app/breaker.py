@@ -1,21 +1,9 @@
 """A circuit breaker for one backend, shared by the request threads of a worker.
 
-Written here rather than taken from pybreaker: pybreaker holds its lock for the whole guarded call
-(danielfm/pybreaker#3; the PRs that removed it, #40/#41/#57/#77, were not merged), which would run one
-Triton call at a time per worker and defeat batching; `circuitbreaker` takes no lock at all
-(fabfuel/circuitbreaker#61). This one locks only its own state:
-
-  closed     calls pass; `failures` consecutive failures open the circuit
-  open       calls are refused for `reset_s`, or until the backend answers a health check (probe_now)
-  half-open  one probe call passes; its success closes the circuit, its failure opens it again; a probe
-             that reports nothing within `reset_s` (a caller that lost its outcome) lets the next one through
-
-While the circuit is open, a background thread asks `health` every `health_interval_s` (a readiness
-check with its own short timeouts), so that a backend that comes back is used again within about a
-second, not after the whole cool-down. It is one thread for the breaker's whole life, started at the first
-opening and waiting between openings: a thread per opening would leave its backend client behind each
-time (tritonclient clients are per thread). `on_change` is told of every change of state (the router
-publishes the circuit's gauge from it). Time comes from `clock` (time.monotonic unless a test passes its own).
+Not pybreaker: it holds its lock for the whole guarded call (danielfm/pybreaker#3), one Triton call at a time per
+worker, which defeats batching; this one locks only its own state. While open, one thread for the breaker's whole
+life asks `health` every `health_interval_s`, so that a backend that comes back is used within about a second (a
+thread per opening would leave a tritonclient client behind each time). Time comes from `clock`.
 """
 
 from __future__ import annotations
@@ -59,10 +47,6 @@ class CircuitBreaker:
             if self._state == self.OPEN and self._clock() - self._opened_at >= self._reset_s:
                 return self.HALF_OPEN  # the next allow() will let a probe through
             return self._state
-
-    @property
-    def is_open(self) -> bool:
-        return self.state == self.OPEN
 
     def retry_in_s(self) -> float:
         return max(0.0, self._opened_at + self._reset_s - self._clock())

@@ -1,9 +1,7 @@
-"""What this image can run. The legacy backend needs torch and its TorchScript file; the slim production
-image (Dockerfile, WITH_LEGACY=0) has no torch, so a mode that needs legacy (legacy, shadow, canary, or
-SHIM_FALLBACK) must be refused up front: at start, and at every switch (shim-traffic, the flag file).
+"""What this image can run: the slim image (WITH_LEGACY=0) has no torch, so a mode that needs legacy
+(legacy, shadow, canary, SHIM_FALLBACK) is refused at start and at every switch.
 
-Light on purpose: gunicorn's master calls it before any worker starts, and it imports neither torch nor
-the shim's metrics. `find_spec` is injectable: tests say "no torch here" without uninstalling it.
+Light on purpose: gunicorn's master calls it before any worker starts. `find_spec` is injectable for tests.
 """
 
 from __future__ import annotations

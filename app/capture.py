@@ -1,10 +1,7 @@
 """Keep a bounded sample of accepted uploads, to replay them later (shim-report). Off by default.
 
-Only uploads that were decoded and answered are kept, never refused ones. Bounded three ways: at most
-`per_minute` files per worker and minute (the rest are not kept), at most `max_bytes` in the folder
-(the oldest files go first), and one file per upload. A file is written under a temporary name and
-renamed, so a reader never sees half of one. Names sort by time: <UTC time>-<request id>.<ext>.
-A folder that cannot be written is logged (once a minute) and never fails a request.
+Only answered uploads; at most `per_minute` files per worker and minute and `max_bytes` in the folder (the oldest
+go first); each written under a temporary name, then renamed. A folder that cannot be written fails no request.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The legacy /predict contract: request field, answer and error shapes, in one place.
-
-A team whose legacy app answered in another shape changes this module and nothing else.
-examples/legacy_app.py is the app this contract was taken from; tests/test_contract.py holds both to it.
+"""The legacy /predict contract, in one place: a team whose legacy app answered in another shape changes this
+module and nothing else (taken from examples/legacy_app.py; tests/integration/test_contract.py holds both to it).
 
     POST /predict   multipart/form-data, file field "image"
     200  {"model": "resnet50", "predictions": [{"label": "tabby", "class_id": 281, "score": 0.91}, ...]}

@@ -2,22 +2,8 @@
 
     triton_repo/<name>/model.toml   (SHIM_MODEL_REPOSITORY / SHIM_MODEL_NAME / model.toml)
 
-It says what the legacy app's torchvision transform did (resize and its interpolation, crop, mean, std,
-what happens to grayscale, alpha and palette images), what the model answers (class count, labels, how
-scores are made: softmax of logits, sigmoid per class, or probabilities as they come), top-k, how Triton
-runs it and which file modelrepo/export.py exports. Its readers:
-  * the shim, at start (app/wiring.py; gunicorn's master checks it before any worker starts): its ImageSpec,
-    labels, score function, top-k and class count;
-  * modelrepo/export.py, which writes from it the model's config.pbtxt, configs/cpu.pbtxt, the
-    `<name>_uint8` ensemble, the normalize step, the encoded transport's `<name>_encoded` ensemble and
-    `<name>_decode` step (decode_parameters(): every pixel-changing field; encoded_refusal(): why not), labels.txt
-    and the TorchScript file;
-  * Triton, through the `parameters` of the generated config.pbtxt (`parameters()` below: resize, crop,
-    interpolation, mean, std, scores; strings, as a python-backend model reads them): the shim compares
-    what Triton serves with its own description at readiness, and the embedded server's CPU copy refuses
-    a config.pbtxt that is older than its description; the decode step's parameters are checked at readiness on
-    the encoded route (compare_parameters: the one comparison of served parameters with a description).
-No torch here: the production image reads it too. Every error names the file, the field and the fix.
+Read by the shim at start, modelrepo/export.py and, through the generated configs' `parameters`, readiness
+(docs/own-model.md). No torch here: the production image reads it. Every error names the file, the field and the fix.
 """
 
 from __future__ import annotations
@@ -37,8 +23,7 @@ if TYPE_CHECKING:
     from app.settings import Settings
 
 FILENAME = "model.toml"
-# torchvision's InterpolationMode values (what `InterpolationMode.BICUBIC.value` is), each with the Pillow filter
-# torchvision's PIL path uses for it (torchvision.transforms.functional.pil_modes_mapping).
+# torchvision's InterpolationMode values -> the Pillow filter its PIL path uses (functional.pil_modes_mapping).
 INTERPOLATIONS = {"nearest": 0, "nearest-exact": 0, "bilinear": 2, "bicubic": 3, "box": 4, "hamming": 5,
                   "lanczos": 1}
 COLORS = {
@@ -47,20 +32,16 @@ COLORS = {
     "white": "transparent pixels are composited on white first (Image.alpha_composite on an opaque white image), "
              "then convert('RGB')",
 }
-# The interpolations Triton's decode step (modelrepo/triton_models/decode.py, the encoded transport) resizes
-# with: torchvision has a tensor resize for bilinear and bicubic, and Pillow's NEAREST is an index rule; box,
-# hamming and lanczos exist only in Pillow, so a model described with one of them is refused the encoded transport.
+# What the encoded transport's decode step resizes with; box, hamming and lanczos have no tensor resize (refused).
 ENCODED_INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic")
 # What the decode step reads from its parameters: every field of [preprocess] that changes pixels.
 DECODE_PARAMETERS = ("resize", "crop", "interpolation", "max_size", "antialias", "resize_on", "to_float", "mean",
                      "std", "color")
-# Where the legacy transform resizes: the PIL image (v1, or v2 before ToImage) or the uint8 tensor (v2 after
-# ToImage / PILToTensor). The shim resizes with Pillow either way: on "tensor" torch's antialiased resize differs
-# from Pillow's by at most one pixel level (measured: tests/unit/test_preprocess.py), the stated tolerance.
+# Where the legacy transform resizes: the PIL image or (v2 after ToImage) the uint8 tensor, which torch resizes
+# within one pixel level of the shim's Pillow (tests/unit/test_preprocess.py): the stated tolerance.
 RESIZE_ON = ("pil", "tensor")
 TENSOR_INTERPOLATIONS = ("bilinear", "bicubic")
-# How uint8 becomes float: ToTensor / ConvertImageDtype / the presets divide by 255; v2's ToDtype(float32,
-# scale=True) multiplies by 1/255 (a different last bit for some values).
+# How uint8 becomes float: ToTensor divides by 255; v2's ToDtype(scale=True) multiplies by 1/255 (another last bit).
 TO_FLOAT = ("divide", "multiply")
 SCORES = {"softmax": "the model answers logits; scores are their softmax (one class per image)",
           "sigmoid": "the model answers logits; scores are a sigmoid per class (multi-label)",
@@ -71,8 +52,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 RESIZE, CROP, INTERPOLATION = 256, 224, "bilinear"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
-# A file a description names: a relative path inside its folder, in plain characters (it is written into
-# config.pbtxt and copied by the export, so a quote, a backslash or a control character is refused, not escaped).
+# A file a description names: inside its folder, in plain characters (written into config.pbtxt: refused, not escaped).
 FILE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_. /+-]{0,199}")
 Size = int | tuple[int, int]  # an int: Resize's short side / a square crop; a pair: (height, width)
 
@@ -152,8 +132,7 @@ class ModelDescription:
 
     @property
     def normalize_model(self) -> str:
-        """The ToTensor + Normalize step of that ensemble: the shared `normalize` for ImageNet's mean/std at 224,
-        else one of this model's own (its mean/std, or its crop, differ)."""
+        """The uint8 ensemble's ToTensor + Normalize step: shared `normalize` for ImageNet's at 224, else its own."""
         imagenet = (self.mean == IMAGENET_MEAN and self.std == IMAGENET_STD and pair(self.crop) == (CROP, CROP)
                     and self.to_float == "divide")
         return "normalize" if imagenet else f"{self.name}_normalize"
@@ -169,9 +148,8 @@ class ModelDescription:
         return f"{self.name}_encoded"
 
     def encoded_refusal(self) -> str | None:
-        """Why the encoded transport cannot serve this model (None: it can). Its decode step resizes with
-        torchvision's tensor resize, which does only ENCODED_INTERPOLATIONS like Pillow; approximating another
-        filter would change answers silently, so the model keeps the tensor transports."""
+        """Why the encoded transport cannot serve this model (None: it can): approximating a filter its decode
+        step lacks would change answers silently."""
         if self.interpolation not in ENCODED_INTERPOLATIONS:
             return (f"{self.path}: [preprocess] interpolation = {self.interpolation!r} is one that Triton's decode "
                     f"step cannot reproduce (it resizes with {', '.join(ENCODED_INTERPOLATIONS)}; torchvision has "
@@ -181,8 +159,7 @@ class ModelDescription:
         return None
 
     def decode_parameters(self) -> dict[str, str]:
-        """The parameters of the decode step's config: every pixel-changing field of [preprocess], in
-        parameters()'s spelling (max_size only when set)."""
+        """The decode step's parameters: every pixel-changing field of [preprocess], as parameters() spells it."""
         params = self.parameters()
         return {key: params[key] for key in DECODE_PARAMETERS if key in params}
 
@@ -215,10 +192,8 @@ class ModelDescription:
                          to_float=self.to_float)
 
     def parameters(self) -> dict[str, str]:
-        """What the generated config.pbtxt carries as `parameters` (Triton serves them back as the model's config),
-        as strings a python-backend model reads: resize and crop whole numbers, interpolation a lowercase
-        torchvision InterpolationMode name, mean and std three comma-separated floats; antialias, resize_on and
-        to_float only where they are not the default (a classic description's parameters stay as they were)."""
+        """What the generated config.pbtxt carries as `parameters`, as strings a python-backend model reads;
+        antialias, resize_on and to_float only where not the default (older descriptions' stay as they were)."""
         params = {"resize": size_text(self.resize), "crop": size_text(self.crop), "interpolation": self.interpolation,
                   "mean": ",".join(repr(v) for v in self.mean), "std": ",".join(repr(v) for v in self.std),
                   "color": self.color, "scores": self.scores}
@@ -247,10 +222,8 @@ class ModelDescription:
 
 def compare_parameters(served: Mapping[str, str], wanted: Mapping[str, str], *, every: bool = False,
                        described: str = "the description") -> list[str]:
-    """Where the `parameters` a config serves differ from those a description implies, one phrase each: the ones it
-    serves (every=False: a hand-written config without them is not compared), or all of them both ways
-    (every=True: for a step that reads them, where an absent one changes what it does). The one comparison of the
-    shim's readiness (app/backends/triton/checks.py), the embedded server's check and the agreement bench."""
+    """Where the `parameters` a config serves differ from those a description implies, one phrase each: only the
+    served ones, or (every=True, for a step that reads them) all both ways. The one such comparison there is."""
     keys = [k for k in wanted if k in served] if not every else sorted(set(served) | set(wanted))
     return [f"{k}={served[k]!r}, {described} says {wanted[k]!r}" if k in served and k in wanted else
             f"{k} not served, {described} says {wanted[k]!r}" if k in wanted else
@@ -485,8 +458,7 @@ class Served:
 
 
 def resolve(settings: Settings) -> Served:
-    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME, its labels read; DescriptionError (a
-    SettingsError) when anything does not fit."""
+    """The description of SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME, its labels read; DescriptionError if not fit."""
     description = load(settings.description_path)
     labels = read_labels(description.labels)
     check_labels(description, labels, description.labels)

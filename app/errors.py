@@ -1,25 +1,6 @@
 """Every exception of the shim, in one tree. Each states its HTTP status and contract code; app/api.py
-translates them into the contract's error body at the edge, and nowhere else.
-
-    ShimError (500 internal_error)
-    ├── InvalidRequest (400 bad_request)   the client sent something the contract refuses
-    │   ├── MissingImage (missing_image)   no multipart field `image`
-    │   ├── EmptyImage (empty_image)       the file is empty
-    │   ├── InvalidImage (invalid_image)   not a decodable image
-    │   └── BrokenBody (invalid_body)      a truncated body or broken chunked encoding
-    ├── TooLarge (413 too_large)           upload bytes, form parts or image pixels over the limits
-    ├── Overloaded (503 overloaded)        this worker's /predict queue is full; comes with Retry-After
-    └── BackendError (502 backend_error)   a backend failed to answer; names the backend
-        ├── BackendUnavailable (503)       unreachable, not ready, shutting down
-        │   ├── CircuitOpen                the breaker keeps calls away after repeated failures
-        │   └── ModelMismatch              Triton serves a model that does not take what the shim sends
-        └── BackendTimeout (504)           no answer within the request's deadline
-
-    SettingsError (a ValueError, not HTTP)  a bad SHIM_* value: start-up stops with its message
-    TrafficError (not HTTP)                 a traffic change refused: shim-traffic says why, a worker logs it
-    ├── InvalidTraffic                      a change or a flag file that is not valid
-    ├── FlagNotWritable                     the flag file is read-only here (a ConfigMap), or there is none
-    └── LegacyUnavailable                   a mode that needs the legacy backend, which this image lacks
+translates them into the contract's error body at the edge, and nowhere else. SettingsError and TrafficError are
+not HTTP: start-up stops with the first's message; shim-traffic (or a worker's log) says the second's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""gunicorn settings for the shim: `gunicorn -c python:app.gunicorn_conf` (the app is named below).
-
-Everything comes from the same SHIM_* settings the app reads; a bad value stops the master before any
-worker starts, with a message that names the variable.
+"""gunicorn settings for the shim: `gunicorn -c python:app.gunicorn_conf`. Everything comes from the SHIM_*
+settings the app reads; a bad value stops the master before any worker starts, naming the variable.
 """
 
 import os
@@ -27,8 +25,7 @@ except SettingsError as _error:
     sys.stderr.write(f"flask-triton-shim: {_error}\n")
     sys.exit(2)
 
-# Large buffers of one request, freed, are reused by the next from few malloc arenas instead of kept in one per
-# thread (app/malloc.py; with app/admission.py's large-body gate, a worker's peak under the worst input 518 MiB).
+# Freed large buffers are reused from few malloc arenas, not kept one per thread (app/malloc.py).
 few_arenas()
 
 wsgi_app = "app:create_app()"
@@ -57,8 +54,7 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     _scratch.append(os.environ["PROMETHEUS_MULTIPROC_DIR"])
 _metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
-# The traffic flag file that all workers watch. Unset, each run gets its own (switches last until a
-# restart); set SHIM_FLAG_FILE to a path on a volume to keep a switch, or a rollback, across restarts.
+# The traffic flag file all workers watch: unset, each run gets its own (a switch lasts until a restart).
 if not os.environ.get("SHIM_FLAG_FILE"):
     _flag_dir = tempfile.mkdtemp(prefix="shim-traffic-")
     os.environ["SHIM_FLAG_FILE"] = os.path.join(_flag_dir, "traffic.json")

@@ -1,9 +1,7 @@
 """One request's image as the backends take it: the upload's bytes, decoded at most once, when first asked.
 
-A backend's prepare() asks for what it sends (app/backends/base.py): pixels() for the cropped RGB pixels,
-tensor() for the normalised FP32 tensor, or nothing for a transport that sends the bytes as they came. Whoever
-asks later (a fallback to legacy, a shadow call) gets the same arrays without a second decode. Each piece of
-work done is noted in `timings` (stage, wall seconds, this thread's CPU seconds) for the service's stage metrics.
+A backend's prepare() asks for pixels(), tensor() or nothing; whoever asks later (a fallback, a shadow call) gets
+the same arrays. Each piece of work is noted in `timings` (stage, wall and CPU seconds) for the stage metrics.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """glibc's malloc asked to give freed memory back to the system, after a request that held large buffers.
 
-An upload (up to SHIM_MAX_UPLOAD_MB), its copies on the way to Triton and a decoded image (Pillow allocates it
-in blocks of 16 MiB) are large buffers of one request. glibc keeps what is freed in the arena of the thread
-that freed it (its mmap threshold rises to 32 MiB after the first such buffers), and a process has up to 8
-arenas per core, so every arena would keep its own largest request. Three bounds instead (measured in
-bench/RESULTS.md, "A shim worker's peak memory"): app/admission.py lets only LARGE_SLOTS bodies over
-LARGE_BODY_BYTES into a worker at once, and each of them, when done, calls trim() (malloc_trim: every
-arena's free pages back to the system); and the workers share ARENAS arenas (few_arenas(), set in the
-master before the fork), so what one request freed is reused by the next instead of kept aside. A fixed
-mmap threshold bounded it too, but made every batch tensor a fresh mapping, page-faulted on every request:
-15-25 % more shim CPU per image on the tensor routes. Elsewhere (not glibc) both do nothing.
+glibc keeps freed memory in the arena of the thread that freed it, so every arena would keep its own largest
+request. Bounded instead by admission's large-body slots calling trim() and by few_arenas() (set in the master
+before the fork); a fixed mmap threshold bounded it too, but cost 15-25 % more CPU per image (bench/RESULTS.md,
+"A shim worker's peak memory"). Elsewhere (not glibc) both do nothing.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Uploaded bytes -> RGB PIL image -> normalised FP32 CHW array, as the legacy app's torchvision does.
 
-The legacy app runs Resize(size, interpolation, max_size) -> CenterCrop(crop) -> ToTensor -> Normalize(mean,
-std) on a PIL image (the defaults: Resize(256), CenterCrop(224), ImageNet's mean/std; a model's own come
-from its description, app/description.py). This module gives the same tensor (bit for bit) with Pillow
-and numpy, no torch, as torchvision 0.29's PIL path computes it: the same Pillow resize filter
-(pil_modes_mapping: nearest-exact is Pillow's NEAREST too; antialias does not apply to PIL images) with
-torchvision's output size (_compute_resized_output_size: the long side truncated, max_size applied after),
-no resize when the size is already right, the same crop offsets (round((h - crop) / 2)), the same zero
-padding when the crop is larger than the resized image, and a per-channel lookup table that holds, for
-each of the 256 pixel values, what ToTensor (or v2's ToDtype) + Normalize compute in float32. Fixed-size
-resizes (Resize((h, w))) and non-square crops take the same path. A v2 transform that resizes the uint8
-tensor (after ToImage) is resized with Pillow here, within one pixel level of torch's antialiased resize.
-Everything is built once; the functions hold no state.
+The same tensor, bit for bit, with Pillow and numpy and no torch, as torchvision 0.29's PIL path computes it
+(docs/architecture.md): its output size and Pillow filter, its crop offsets and padding, and a per-channel lookup
+table of what ToTensor + Normalize give each pixel value in float32. Built once; the functions hold no state.
 """
 
 from __future__ import annotations
@@ -53,8 +44,7 @@ class ImageSpec:
         if self.to_float not in ("divide", "multiply"):
             raise ValueError(f"to_float {self.to_float!r} is not divide or multiply")
         values = np.arange(256, dtype=np.float32)
-        # ToTensor: a float32 division by 255; v2's ToDtype: a float32 multiplication by the reciprocal (its last
-        # bit differs for some values; torch casts the scalar 1 / 255 to float32, as np.float32 does here)
+        # ToTensor divides by 255; v2's ToDtype multiplies by 1 / 255 cast to float32, as torch does (another last bit)
         values = values / np.float32(255) if self.to_float == "divide" else values * np.float32(1 / 255)
         mean = np.asarray(self.mean, dtype=np.float32)[:, None]
         std = np.asarray(self.std, dtype=np.float32)[:, None]
@@ -66,12 +56,8 @@ class ImageSpec:
 
 
 def configure_pillow(spec: ImageSpec) -> None:
-    """Make sure Pillow's own bomb guard never refuses what the shim accepts.
-
-    decode() checks the size from the header against spec.max_pixels itself, with a clear message;
-    Pillow's guard (about 89 M pixels by default) stays as a second line of defence, raised only when
-    the shim's limit is set higher.
-    """
+    """Pillow's own bomb guard (about 89 M pixels) never refuses what decode() accepts: it is raised only when
+    spec.max_pixels is higher, and stays a second line of defence."""
     if Image.MAX_IMAGE_PIXELS is not None and spec.max_pixels > Image.MAX_IMAGE_PIXELS:
         Image.MAX_IMAGE_PIXELS = spec.max_pixels
 

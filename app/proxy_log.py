@@ -1,20 +1,9 @@
 """nginx's answers as the shim's metrics: nginx's access log, received as UDP syslog datagrams and counted.
 
-Behind nginx (deploy/nginx), nginx answers a good share of the requests itself: its 503s (too many requests
-of one address, the inference budget spent), 413s, 400s and 408s never reach gunicorn, so the shim's own
-counters never see them. nginx sends one syslog datagram per answer (log_format shim_metrics: status, path
-and its reason) to SHIM_PROXY_LOG_ADDRESS; a small process, `python -m app.proxy_log HOST:PORT`, started and
-restarted by gunicorn's master (app/gunicorn_conf.py, through Supervisor below), counts them in
-shim_proxy_responses_total{path,status,reason}. It writes to the same prometheus_client multiprocess folder
-as the workers, so the shim's /metrics serves the counts with everything else: nothing more to scrape.
-
-UDP rather than a unix datagram socket: a unix socket queues at most net.unix.max_dgram_qlen datagrams (10 in
-a container's network namespace) and nginx drops what does not fit, while a UDP socket queues what its
-receive buffer holds (4 MiB asked for, thousands of lines). Kubernetes: nginx and the shim share the pod's
-loopback (127.0.0.1:5140); docker compose: nginx sends to shim:5140 on the network only the two share.
-
-A process of its own rather than a thread in the master: the master forks workers, and a thread holding
-prometheus_client's lock at that instant would leave it locked in the new worker forever.
+nginx answers many requests itself (its 503s, 413s, 400s, 408s); `python -m app.proxy_log HOST:PORT`, run by
+gunicorn's master (app/gunicorn_conf.py), counts them in shim_proxy_responses_total, in the workers' multiprocess
+folder (docs/proxy.md). UDP, because a unix datagram socket queues only 10 datagrams in a container and nginx drops
+the rest; a process, not a master thread, because a fork would inherit prometheus_client's lock held.
 """
 
 from __future__ import annotations
@@ -38,10 +27,7 @@ RESTART_S = 1.0
 
 def parse(datagram: bytes) -> tuple[str, str, str] | None:
     """(path, status, reason) from one syslog datagram of nginx (`<PRI>TIMESTAMP TAG: {json}`); None if not one.
-
-    Label values are bounded whatever arrives: a path outside PROXY_PATHS is "other", a status outside
-    100-599 or a reason that nginx's configuration does not name is "other".
-    """
+    Label values are bounded whatever arrives: what PROXY_PATHS, 100-599 or PROXY_REASONS lack is "other"."""
     from app.metrics import PROXY_PATHS, PROXY_REASONS
 
     start = datagram.find(b"{")
@@ -133,14 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class Supervisor:
-    """gunicorn's master keeps `python -m app.proxy_log HOST:PORT` running: started when the master is ready,
-    restarted a second after it exits, stopped with the master.
-
-    Started with posix_spawn, not subprocess.Popen: Popen waits on a pipe until its child has exec'd, and a
-    worker that the master forks meanwhile inherits that pipe's write end and keeps it open for its whole
-    life, so Popen, and with it the supervisor, would wait for ever (seen under load: never restarted).
-    posix_spawn reports a failed exec without a pipe. gunicorn's master reaps every child it does not know
-    (waitpid(-1)), so this one's exit status may be gone: its exit is what counts."""
+    """gunicorn's master keeps `python -m app.proxy_log HOST:PORT` running: started when it is ready, restarted a
+    second after it exits. posix_spawn, not Popen: Popen waits on a pipe until its child has exec'd, and a worker
+    forked meanwhile keeps the pipe open for its whole life (seen under load: never restarted). The master reaps
+    children it does not know, so the exit, not its status, is what counts."""
 
     def __init__(self, address: str) -> None:
         self.address = address

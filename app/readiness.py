@@ -1,11 +1,8 @@
 """Readiness checks of Triton, shared by the threads of a worker: at most one waits on Triton at a time.
 
-/readyz is unauthenticated and a Triton that hangs makes each check wait its whole deadline, so checks made
-by every thread that asks would let a burst of /readyz occupy every gunicorn thread (and /healthz with
-them). Instead one thread runs the check; any thread that asks meanwhile gets the latest answer at once,
-with its age. A "ready" answer is not repeated once the check under way has waited past its deadline, nor
-when it was older than the deadline when that check began.
-The circuit breaker's health watcher asks here too. Time comes from `clock` (tests pass their own).
+/readyz is unauthenticated, and a hung Triton would hold every thread that checks for its whole deadline; so one
+thread checks and the others get the latest answer at once, with its age. A "ready" answer is not repeated once
+the check under way is past its deadline, nor when it was older than the deadline when that check began.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Automatic canary rollback: when Triton fails too large a share of one worker's canary requests over a
-window, the canary share goes to 0 for every worker (through the flag file), with the reason. A flag file the
-shim cannot write (a Kubernetes ConfigMap) is the operator's: the rollback is logged and counted for them to act.
-
-Time comes from `clock` (time.monotonic unless a test passes its own).
+window, the canary share goes to 0 for every worker (through the flag file), with the reason. A flag file the shim
+cannot write (a ConfigMap) is the operator's: the rollback is logged and counted for them to act.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""Which backend answers a request: the traffic mode in force, applied per request, with guardrails.
+"""Which backend answers a request: the traffic mode in force (legacy, triton, shadow, canary), with guardrails.
 
-    legacy  the in-process model answers
-    triton  Triton answers
-    shadow  legacy answers; a share of requests is also sent to Triton off the request path, compared
-    canary  a sticky share of clients (by targeting key) is answered by Triton, the rest by legacy
-
-In triton and canary modes a failed Triton call is answered by legacy when fallback is on (counted), the
-upload prepared for legacy under the worker's decode bound (`turn`, app/admission.py);
-a circuit breaker stops calling Triton after repeated failures and probes it after a cool-down; and,
-when enabled, a Triton error rate over the threshold drops the canary share to 0 (app/rollback.py).
+In triton and canary modes a failed Triton call is answered by legacy when fallback is on, a circuit breaker keeps
+calls away from a failing Triton, and the automatic rollback may drop the canary share to 0 (docs/traffic.md).
 Router.infer says what happened: the logits, the backend that answered, and why, if it fell back.
 """
 
@@ -104,9 +97,8 @@ class Router:
         return self.flag.current().mode
 
     def _show_circuit(self, state: TrafficState | None = None) -> None:
-        """shim_circuit_open: 1 while the breaker keeps requests of the traffic in force away from Triton;
-        0 when it is closed, and when that traffic sends nothing to Triton (legacy, a share of 0 after a
-        rollback): an open circuit there keeps no request away."""
+        """shim_circuit_open: 1 while the breaker keeps requests of the traffic in force away from Triton; 0 when
+        that traffic sends none there (legacy, a share of 0 after a rollback)."""
         shown = int(self.breaker.state != CircuitBreaker.CLOSED and sends_to_triton(state or self.flag.current()))
         if shown != self._circuit_shown:
             with self._circuit_lock:
@@ -133,8 +125,7 @@ class Router:
         return self._batchers[decision.backend].backend.prepare(upload)
 
     def infer(self, upload: Upload, item: Any, ctx: RequestContext, decision: Decision) -> Routed:
-        """Logits from the decided backend (`item`: what it prepared), or from legacy when Triton fails and
-        fallback is on."""
+        """Logits from the decided backend (`item`: what it prepared), or legacy's when Triton fails (fallback)."""
         if decision.backend == LEGACY:
             logits = self._batchers[LEGACY].submit(item, ctx.request_id, timeout_s=self._timeout_s)
             if decision.shadow:
@@ -153,12 +144,8 @@ class Router:
             return Routed(logits, LEGACY, fallback_reason=reason)
 
     def readiness(self) -> ReadinessReport:
-        """Ready when the backends that answer this mode's clients can answer.
-
-        legacy and shadow: legacy (shadow never makes a client wait for Triton). triton: Triton, or legacy
-        when fallback covers it. canary: legacy, and Triton too unless fallback covers the canary share
-        (or the share is 0). Triton found ready half-opens an open circuit, so that the next request probes it.
-        """
+        """Ready when the backends that answer this mode's clients can answer (_ready); Triton found ready
+        half-opens an open circuit, so that the next request probes it."""
         state = self.flag.current()
         states: dict[str, Readiness] = {}
         if state.mode in MODES_USING_LEGACY or self.fallback:

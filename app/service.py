@@ -1,8 +1,6 @@
 """One /predict request as named, timed stages: prepare (decode, preprocess) -> route/infer -> postprocess.
 
-What an upload becomes before it is sent is the decided backend's choice (its prepare(), app/backends/base.py),
-made in the request's own thread under the worker's decode bound; this module never knows which transport runs.
-
+What an upload becomes is the decided backend's prepare(); this module never knows which transport runs.
 No Flask here: the API layer hands over bytes and gets a contract.Prediction list or a ShimError.
 """
 

@@ -21,9 +21,8 @@ TRANSPORTS = ("fp32", "uint8", "encoded")  # app/backends/triton/__init__.py say
 # Transports that are gone, and what replaces each (shared memory and `auto`: bench/RESULTS.md).
 REPLACED_TRANSPORTS = {"http": "fp32", "shm": "fp32", "uint8-shm": "uint8", "auto": "fp32"}
 SPARE_THREADS = 8  # gunicorn threads per worker beyond max_pending: health checks and /metrics always find one
-# SHIM_* names that are not settings of the shim but are read elsewhere, so never a typo: the model export's
-# (modelrepo/export.py, compose's model-export), compose's build argument and bench/gpu_host.sh's shim address.
-# Any other unknown SHIM_* name stops start-up (a typo would be ignored).
+# SHIM_* names read elsewhere (the export, compose's build argument, bench/gpu_host.sh), so never a typo; any
+# other unknown SHIM_* name stops start-up (a typo would be ignored).
 NOT_SETTINGS = frozenset({"SHIM_MODEL_WEIGHTS", "SHIM_MODEL_ARCH", "SHIM_WITH_LEGACY", "SHIM_URL"})
 _FROM_MODEL = "read from the model's model.toml (SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME/model.toml); edit it there"
 _CONSTANT = "a tuning constant now, in {}"
@@ -88,8 +87,7 @@ def _env(name: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """What a user sets; docs/settings.md says when. What the model's model.toml says (labels, top_k, the legacy
-    model file, the ensembles' names) is read from it, and tuning constants live beside the code they tune."""
+    """What a user sets (docs/settings.md); what model.toml says is read from it, tuning constants live in code."""
 
     # Triton
     triton_url: str = "127.0.0.1:8000"

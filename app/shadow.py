@@ -1,9 +1,7 @@
 """Shadow traffic: the client gets the legacy answer; Triton's answer to the same upload is compared.
 
-Shadow calls run on a small pool of threads off the request path. At most `max_inflight` run at once
-per worker; a request that finds them all busy is not shadowed (counted as skipped), so a slow or dead
-Triton never slows a client down. An open circuit skips shadowing too. Results are published as metrics,
-and a few mismatches per minute are logged with both top-k lists.
+Off the request path, at most `max_inflight` per worker; a request that finds them all busy (or the circuit open)
+is skipped and counted, so a slow Triton never slows a client. A few mismatches per minute are logged.
 """
 
 from __future__ import annotations
@@ -27,9 +25,8 @@ from app.scores import Scores, best, softmax
 
 log = logging.getLogger(__name__)
 MAX_INFLIGHT = 4  # shadow calls per worker at once; more are skipped, never queued
-# Largest score difference that still counts as a match: twice the largest measured for uploads that Triton's
-# decode step decoded (CPU: 0.0028 over 93 JPEGs, bench/device_check.sh --dry-run); the
-# tensor transports differ by ~1e-6. A GPU run measures its own (docs/gpu.md).
+# The largest score difference that is a match: twice the largest measured after Triton's decode step (CPU: 0.0028
+# over 93 JPEGs, bench/device_check.sh --dry-run; tensor transports ~1e-6). A GPU run measures its own (docs/gpu.md).
 TOLERANCE = 0.006
 LOGS_PER_MINUTE = 10  # mismatch samples logged per worker per minute
 

@@ -1,24 +1,8 @@
 """The encoded transport's choice, per upload, from its header alone: forward the bytes, or decode them here.
 
-Triton's `<model>_decode` step takes a JPEG whose pixels are RGB (YCbCr) or grayscale, baseline or progressive,
-any chroma subsampling: the kinds that nvJPEG and libjpeg-turbo decode to what Pillow's convert("RGB") gives.
-Anything else goes through today's CPU path in the shim, which also gives the contract's 400 / 413 answers,
-exactly as before, for every upload it refuses. The reasons (the metric shim_encoded_cpu_path_total{reason},
-whose labels app.metrics.ENCODED_REASONS lists):
-
-    format       not a JPEG (PNG, WebP, GIF, BMP, TIFF, an MPO camera file ...): Pillow decodes it here
-    jpeg_mode    a JPEG whose pixels are not RGB or grayscale (CMYK or YCCK: Pillow's own CMYK -> RGB rule)
-    limits       over SHIM_MAX_IMAGE_PIXELS, or so elongated that the resize would be or that max_size leaves no
-                 pixel across (the 413 comes from the CPU path)
-    unreadable   empty, or a header Pillow refuses (the 400, or 413 for a bomb, comes from the CPU path)
-    incomplete   a JPEG whose stream does not run through a scan to its EOI marker (cut short, EOI removed, no
-                 scan): a GPU decoder (nvJPEG, the hardware decoder) fills in some that Pillow refuses, so the
-                 shim answers them as the legacy app does (400 "image file is truncated", or 200 where Pillow reads
-                 it); never counted as Triton's failure
-    decoder_refused  Triton's decoder refused an upload sent to it (counted by app/service.py)
-
-Reading the header costs about 20 us (Image.open reads the markers up to the first scan; nothing is decoded);
-the completeness check walks the same markers and looks for EOI after the first scan (a bytes.rfind).
+Only complete RGB or grayscale JPEGs go to Triton's decode step (what nvJPEG and libjpeg-turbo decode as Pillow
+does); the rest takes the shim's CPU path and its 400 / 413, each reason a label of shim_encoded_cpu_path_total
+(docs/transports.md). About 20 us: the markers up to the first scan are read, nothing is decoded.
 """
 
 from __future__ import annotations

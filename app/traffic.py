@@ -1,17 +1,9 @@
 """The traffic flag: which mode is in force, shared by every gunicorn worker through one JSON file.
 
-The one way to change traffic at run time: `shim-traffic set MODE ...` (main() below) writes the file, or,
-on Kubernetes, the ConfigMap mounted there. Each worker re-reads the file when it changes (checked at most
-every POLL_S on the request path), so a switch reaches every worker within that bound, without a restart.
-Writers (shim-traffic, the automatic rollback) take an exclusive lock on `<flag file>.lock` (fcntl, shared by
-every process that sees the file), read the latest file again, apply their change on top of it and replace
-the file atomically, so that no writer undoes another's change with a stale copy; each write gets the next
-`revision`. A file that does not parse, or asks for a mode this image cannot serve, is reported and
-ignored: the last good state stays.
-
-Canary assignment is sticky: the targeting key is hashed with MurmurHash3 (as Unleash does for its
-gradual rollouts) into a bucket 0-99, and the clients whose bucket is below the canary percent go to
-Triton, so raising the percent only adds clients.
+`shim-traffic set MODE ...` (main() below) or the mounted ConfigMap changes it; each worker re-reads it at most
+every POLL_S. Writers lock `<flag file>.lock`, re-read, apply their change and replace the file atomically, so no
+writer undoes another's; a file that does not parse or cannot be served is ignored (the last good state stays).
+Canary assignment is sticky: MurmurHash3 of the targeting key into buckets 0-99 (docs/traffic.md).
 """
 
 from __future__ import annotations
@@ -69,10 +61,7 @@ class TrafficState:
     revision: int = 0  # one more for each write by the shim; 0 before the first
 
     def with_changes(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
-        """A new state from a partial update by `updated_by` (shim-traffic, the rollback); validates it.
-
-        Only CHANGES are accepted: who changed it and when are the writer's to fill in.
-        """
+        """A new state from a partial update (CHANGES only) by `updated_by` (shim-traffic, the rollback)."""
         unknown = sorted(set(changes) - set(CHANGES))
         if unknown:
             raise InvalidTraffic(f"unknown fields {', '.join(repr(u[:40]) for u in unknown[:10])}: a traffic "
@@ -154,8 +143,7 @@ class TrafficFlag:
         return self._state
 
     def write(self, changes: dict[str, Any], *, updated_by: str) -> TrafficState:
-        """Apply a partial update for every worker, on top of the latest file (under the writers' lock), then use
-        it here at once."""
+        """A partial update for every worker, on the latest file under the writers' lock; used here at once."""
         if self.path is None:
             raise FlagNotWritable("run-time switching is off: there is no flag file (set SHIM_FLAG_FILE; "
                                   "app/gunicorn_conf.py makes one per run)")

@@ -1,22 +1,13 @@
-"""Does the shim preprocess exactly as your legacy app did? Your app's torchvision transform and a folder of your
-images, both ways, compared per image; PASS only when every tensor is bit-exact (or, where v2 resizes the uint8
-tensor, within the description's stated tolerance of one pixel level). docs/own-model.md shows each form.
+"""Does the shim preprocess exactly as your legacy app did? Your app's transform and a folder of your images, both
+ways, per image: PASS only when every tensor is bit-exact (or within tolerance where v2 resizes the uint8 tensor).
 
     python modelrepo/check.py legacy_app:transform ./images                   # resnet50's description
     python modelrepo/check.py my_app:preprocess ./images --model mymodel      # triton_repo/mymodel/model.toml
     python modelrepo/check.py examples.transforms:efficientnet_lite0 ./images \\
         --description examples/models/efficientnet_lite0/model.toml
 
-MODULE:ATTRIBUTE is imported as your app imports it (the current folder is on the path; importing an app may
-load its model). Each image is opened as the legacy app opened it (Pillow, then convert("RGB")) and run through
-the transform, and decoded and preprocessed by the shim with the model's description; the line per image is
-the largest absolute difference between the two tensors. The transform itself is read step by step (Composes of
-v1 or v2, nested; the weight presets; SUPPORTED below): a step the shim does not reproduce (an unknown
-torchvision class, a Lambda, a module or function of yours, a random augmentation, antialias=False on a tensor)
-is named, never approximated, and a field whose value differs from the transform's is named. Advice (`set
-[preprocess] field = value`) is printed only when the check, run again on the same images with the description
-so changed (read back through the description's own validation), passes; otherwise it says there is none.
-Exit status: 0 PASS, 1 FAIL (what differs and why is listed), 2 it could not run (the message says why).
+A step the shim does not reproduce is named; advice is printed only when a rerun with it passes (docs/own-model.md).
+Exit status: 0 PASS, 1 FAIL, 2 it could not run.
 """
 
 from __future__ import annotations
@@ -28,33 +19,22 @@ import os
 import sys
 import tomllib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from app.description import COLORS, DescriptionError, ModelDescription, description_path, load, pair, parse
+from app.errors import ShimError
+from app.preprocess import decode, to_tensor
 
-from app.description import (  # noqa: E402
-    COLORS,
-    DescriptionError,
-    ModelDescription,
-    description_path,
-    load,
-    pair,
-    parse,
-)
-from app.errors import ShimError  # noqa: E402
-from app.preprocess import decode, to_tensor  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PASS, FAIL, USAGE = 0, 1, 2
 SUPPORTED = ("Compose (v1 or v2, nested), torchvision's ImageClassification weight presets, Resize (int or (h, w)), "
              "CenterCrop, ToTensor, PILToTensor / ToImage + ConvertImageDtype / ToDtype(float32, scale=True), "
              "ToPureTensor and Normalize")
-FIELDS = ("resize", "interpolation", "max_size", "antialias", "resize_on", "crop", "to_float", "mean", "std")
 
 
 @dataclass
@@ -75,9 +55,8 @@ class Implied:
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a transform, in the check's terms: kind is resize, crop, to_tensor (PIL -> float, x / 255),
-    to_uint8 (PIL -> uint8 tensor), to_float (uint8 -> float, x / 255 or x * (1 / 255)), normalize, noop, or
-    opaque (what the shim cannot see into or does not reproduce: `why` says which)."""
+    """One step of a transform: kind is resize, crop, to_tensor (PIL -> float), to_uint8 (PIL -> uint8 tensor),
+    to_float (uint8 -> float), normalize, noop, or opaque (what the shim does not reproduce: `why` says which)."""
 
     where: str
     kind: str
@@ -121,8 +100,7 @@ def _is_float(dtype: Any) -> bool:
 
 
 def steps(transform: Any, prefix: str = "") -> list[Step]:
-    """`transform` flattened into Steps: Composes opened (v1 or v2, nested), a weight preset expanded into
-    what its forward does (F.resize, F.center_crop, F.pil_to_tensor, F.convert_image_dtype, F.normalize)."""
+    """`transform` flattened into Steps: Composes opened, a weight preset expanded into what its forward does."""
     import torch
     from torchvision import transforms as v1
     from torchvision.transforms import _presets, v2
@@ -182,8 +160,8 @@ def steps(transform: Any, prefix: str = "") -> list[Step]:
 
 
 def read_transform(transform: Any) -> Implied:
-    """Each step of `transform` mapped to the description's fields, or named as a problem. Where the image is
-    (a PIL image, a uint8 tensor, a float tensor) decides what a Resize means (resize_on) and what may follow."""
+    """Each step mapped to the description's fields, or named as a problem; where the image is (PIL, uint8 or
+    float tensor) decides what a Resize means (resize_on) and what may follow."""
     implied = Implied()
     stage, seen = "pil", []
     for step in steps(transform):
@@ -253,12 +231,9 @@ def read_transform(transform: Any) -> Implied:
 
 def differences(implied: Implied, description: ModelDescription) -> dict[str, Any]:
     """The description's fields whose values differ from the transform's: {field: the transform's value}."""
-    theirs = {"resize": implied.resize, "interpolation": implied.interpolation, "max_size": implied.max_size,
-              "antialias": implied.antialias, "resize_on": implied.resize_on, "crop": implied.crop,
-              "to_float": implied.to_float, "mean": tuple(implied.mean), "std": tuple(implied.std)}
     out: dict[str, Any] = {}
-    for key, value in theirs.items():
-        ours = getattr(description, key)
+    for key in (f.name for f in fields(Implied) if f.name != "problems"):
+        value, ours = getattr(implied, key), getattr(description, key)
         if key == "max_size":
             value = value or None
         if value is None and key != "max_size":
@@ -379,14 +354,8 @@ def compare(transform: Callable[[Any], Any], description: ModelDescription,
     return compared
 
 
-def _passes(transform: Callable[[Any], Any], description: ModelDescription, images: list[tuple[str, bytes]]) -> bool:
-    compared = compare(transform, description, images)
-    return all(c.max_diff is not None and c.max_diff <= description.tolerance for c in compared)
-
-
 def _with(description: ModelDescription, changes: dict[str, Any]) -> ModelDescription | str:
-    """The description with `changes` written into its [preprocess] as a user would, read back through the same
-    validation (parse): the changed description, or why it would be refused."""
+    """The description with `changes` in its [preprocess], read back through parse(); or why parse refuses it."""
     raw = tomllib.loads(description.path.read_text()) if description.path.is_file() else {"name": description.name}
     pre = dict(raw.get("preprocess", {}))
     for key, value in changes.items():
@@ -399,8 +368,7 @@ def _with(description: ModelDescription, changes: dict[str, Any]) -> ModelDescri
 
 def check(transform: Callable[[Any], Any], description: ModelDescription,
           images: Iterable[tuple[str, bytes]]) -> Result:
-    """The transform read step by step, then every image both ways; when it fails, advice only where the check,
-    run again with it, passes."""
+    """The transform read step by step, then every image both ways; advice only where a rerun with it passes."""
     images = list(images)
     implied = read_transform(transform)
     diffs = differences(implied, description)
@@ -420,7 +388,8 @@ def check(transform: Callable[[Any], Any], description: ModelDescription,
         if isinstance(candidate, str):
             result.no_advice = f"the transform's values are not a valid description: {candidate}"
             continue
-        if _passes(transform, candidate, images):
+        rerun = compare(transform, candidate, images)
+        if all(c.max_diff is not None and c.max_diff <= candidate.tolerance for c in rerun):
             result.advice = [f"{key} = {_toml(value)}" for key, value in changes.items()]
             return result
     result.no_advice = result.no_advice or ("no value of the description's fields was found that makes every "

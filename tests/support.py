@@ -141,6 +141,7 @@ def triton_backend(url: str, transport: str = "fp32", *, model: str = "resnet50"
     """A TritonBackend of one transport (app/backends/triton), without a model description."""
     from app.backends.triton import TRANSPORTS, Target, TritonBackend
 
+    target = {"uint8_model": f"{model}_uint8", "encoded_model": f"{model}_encoded", **target}
     chosen = TRANSPORTS[transport](Target(url=url, model=model, version=version, crop=(224, 224), classes=classes,
                                           **target))
     return TritonBackend(chosen, connect_timeout_s=1, network_timeout_s=network_timeout_s,

@@ -15,8 +15,7 @@ if TYPE_CHECKING:
     from app.images import Upload
 
 Row = npt.NDArray[np.float32]  # one image's logits [classes]
-# What infer() returns: one entry per item, in order: its logits, or its own error (an upload that only it
-# could not be sent as, or SendAgain). A [N, classes] array is N rows.
+# What infer() returns: one entry per item, in order, its logits or its own error; a [N, classes] array is N rows.
 Rows = npt.NDArray[np.float32] | Sequence[Row | ShimError]
 
 
@@ -38,15 +37,9 @@ class Readiness:
 
 
 class Backend(Protocol):
-    """Turns batches of uploads into logits [classes] FP32, one row per upload.
-
-    prepare(upload) runs in the request's own thread (under the worker's decode bound): the CPU work the
-    backend needs done before a batch goes (decoding, a tensor), and it returns the item that infer() is
-    later handed for that upload, in a batch with other requests' items. infer() returns exactly one entry per
-    item, a row or that item's own ShimError (or SendAgain); it raises app.errors.BackendError subclasses only,
-    for the whole batch. It may be called from several threads of one process at once; an implementation
-    keeps whatever is not thread-safe per thread.
-    """
+    """Turns batches of uploads into logits [classes] FP32, one row per upload, as a Triton transport does
+    (app/backends/triton/transport.py). Called from several threads at once: what is not thread-safe is kept
+    per thread."""
 
     name: str
 

@@ -1,10 +1,5 @@
-"""Which version of the classifier an ensemble runs, against the version SHIM_MODEL_VERSION pins.
-
-The uint8 transport sends pixels to an ensemble (resnet50_uint8: normalize -> resnet50) that has versions
-of its own (1): the pin must never be sent to it. It means the classifier's version on every route, so an
-ensemble honours it only when its step for the classifier names that version (`model_version: 2`); -1,
-the default, runs whatever version of the classifier is newest, which the pin would not hold. Reads the
-config JSON that Triton serves (GET /v2/models/<ensemble>/config); no tritonclient here.
+"""Which version of the classifier an ensemble runs, against the version SHIM_MODEL_VERSION pins: the pin is
+the classifier's, never sent to an ensemble, which honours it only when its step names that version (-1: newest).
 """
 
 from __future__ import annotations

@@ -1,35 +1,8 @@
 """Triton python-backend model: uploads' bytes (BYTES [N, 1], one per row) -> normalised FP32 CHW tensors.
 
-The one source of every generated `<name>_decode/1/model.py`: modelrepo/export.py copies this file there
-(modelrepo/generate.py, the_decode_step). The shim's `encoded` transport forwards the upload as it came; this model
-does on the instance's device what the legacy app did on its CPU with Pillow and torchvision (app/preprocess.py
-gives the same tensor):
-
-  decode     nvImageCodec to RGB: nvJPEG on the GPU for a KIND_GPU instance, its libjpeg-turbo CPU backend
-             for a KIND_CPU one (the CPU copy that `make run` and the tests serve). EXIF orientation is NOT
-             applied: the legacy app's Image.open + convert("RGB") ignores it.
-  resize     torchvision's Resize(resize, interpolation, max_size) output size (an int: the long side truncated,
-             then max_size; "h,w": that size), skipped when the image already has that size. resize_on = tensor
-             (v2's Resize after ToImage): torchvision.transforms.v2.functional.resize on the uint8 tensor with
-             the description's antialias, exactly as the legacy app ran it. bilinear and bicubic: antialiased
-             (torchvision.transforms.v2.functional.resize: uint8 on a CPU, float then rounded to uint8 on a
-             GPU); nearest and nearest-exact: the source pixel Pillow's NEAREST picks (the legacy app's PIL
-             path uses it for both), bit for bit. box, hamming and lanczos have no tensor resize in
-             torchvision: the description refuses the encoded transport for them (app/description.py).
-  crop       `crop` (N or "h,w") at torchvision's CenterCrop offsets, round((h - crop) / 2),
-             after its zero padding where the resized image is smaller than the crop (with max_size only)
-  normalise  ToTensor (float32 division by 255; to_float = multiply: v2's ToDtype, x * float32(1/255)),
-             then (x - mean) / std per channel, divisors as tensors
-
-Parameters (config.pbtxt `parameters`, strings, generated from the model's description: ModelDescription.
-decode_parameters): resize and crop (whole numbers), interpolation (a lowercase torchvision InterpolationMode
-name), max_size (a whole number; absent: none), mean and std (three comma-separated floats), color (convert or
-white: checked, and the same pixels either way for what the shim forwards, opaque RGB or grayscale JPEGs).
-
-Each request holds the uploads of several shim requests, one per row, and gets one response, in order: the
-tensors and READABLE (BOOL [N, 1]), False for a row whose upload the decoder refused (or whose transform
-failed), its tensor zeros. The shim decodes such an upload itself, so the client gets exactly the legacy app's
-answer (400 invalid_image for a truncated JPEG); no other row, nor any other request, is failed by it.
+The one source of every generated `<name>_decode/1/model.py`: on the instance's device, what the legacy app did
+with Pillow and torchvision (docs/transports.md), from the description's decode_parameters(). A row whose upload
+the decoder refused answers READABLE False and zeros: the shim decodes that upload itself; no other row fails.
 
 Nothing is imported from the shim's package (Triton's image does not have it): resized_size is
 app.preprocess.resized_size's rule, and tests/unit/test_decode_step.py holds the two equal.
@@ -222,8 +195,7 @@ class TritonPythonModel:
         return responses
 
     def _decode(self, streams: list[Any]) -> list[Any]:
-        """One decode call for the batch (nvImageCodec fails per image: None where it cannot); one by one
-        if the batch call itself raises."""
+        """One decode call for the batch (None where an image fails); one by one if the batch call raises."""
         if not streams:
             return []
         try:

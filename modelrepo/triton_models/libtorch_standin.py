@@ -1,11 +1,8 @@
 """Python-backend stand-in for a `pytorch_libtorch` model, for Tritons built without libtorch.
 
-The embedded server copies this file as `model.py` into each version folder of a libtorch model in
-its CPU copy of the repository, next to a link to the same TorchScript file. It keeps the libtorch
-backend's contract: inputs fed to forward() in `input__<i>` order, outputs taken from the result in
-`output__<i>` order, one forward() per batch that the dynamic batcher merged, and the thread count
-from the INTRA_OP_THREAD_COUNT parameter, as the libtorch backend reads it. A KIND_GPU instance (a copy
-made with gpu=True, on a host with a GPU) runs the model on its GPU, inputs and outputs through host memory.
+devstack/cpu_repo.py copies it as each version's model.py, beside a link to the TorchScript file. It keeps the
+libtorch backend's contract: `input__<i>` / `output__<i>` order, one forward() per merged batch, the thread count
+from INTRA_OP_THREAD_COUNT; a KIND_GPU instance runs the model on its GPU.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Triton python-backend stand-in for an image classifier: the model's exact interface, almost no compute.
 
-Generated into stand-in repositories by modelrepo/standin.py (the front-end benchmark, the compose CI
-stack); never part of triton_repo/. It reads the tensor names, dtypes and sizes from the model config,
-reads every input value and answers deterministically: logit k of an image is the sum of the k-th of
-`classes` equal slices of its flattened input, so different images give different answers, the same
-image always the same one, and the cost is one pass over the input (tens of microseconds per image).
+Written by modelrepo/standin.py, never part of triton_repo/. Logit k of an image is the sum of the k-th of
+`classes` equal slices of its flattened input: deterministic, different per image, one pass over the input.
 """
 
 from __future__ import annotations

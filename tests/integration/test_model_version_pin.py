@@ -53,7 +53,7 @@ def two_versions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedT
     server.stop(graceful=False)
 
 
-def backend(triton: EmbeddedTriton, transport: str, version: str, uint8_model: str = "") -> TritonBackend:
+def backend(triton: EmbeddedTriton, transport: str, version: str, uint8_model: str = "resnet50_uint8") -> TritonBackend:
     made: TritonBackend = triton_backend(triton.http_url, transport, version=version, network_timeout_s=30,
                                          readiness_timeout_s=10, max_batch_size=8, uint8_model=uint8_model)
     return made
@@ -63,7 +63,7 @@ def items(b: TritonBackend, jpegs: list[bytes]) -> list[object]:
     return [b.prepare(Upload(data, SPEC)) for data in jpegs]
 
 
-def answer(triton: EmbeddedTriton, transport: str, version: str, uint8_model: str = "") -> np.ndarray:
+def answer(triton: EmbeddedTriton, transport: str, version: str, uint8_model: str = "resnet50_uint8") -> np.ndarray:
     b = backend(triton, transport, version, uint8_model)
     try:
         state = b.ready()

@@ -1,18 +1,8 @@
 """Triton over HTTP with binary tensors: the only package that imports tritonclient.
 
-SHIM_TRANSPORT chooses, once at start, how images travel (one class each; transport.py is their interface):
-    fp32     (the default) FP32 tensors [N, 3, crop, crop] to the model (fp32.py)
-    uint8    the cropped pixels [N, crop, crop, 3] UINT8 to the model's `<name>_uint8` ensemble (uint8.py)
-    encoded  the uploads' bytes as they came, BYTES [N, 1], to the model's `<name>_encoded` ensemble, which
-             decodes them; what Triton's decoder should not or cannot read is decoded in the shim (encoded.py)
-Nothing is probed or changed at run time. /readyz and the metric shim_transport say which one runs. (Shared
-memory is gone: measured beside HTTP it saved nothing that uint8 and encoded do not save over HTTP;
-bench/RESULTS.md.)
-
-Readiness checks use clients of their own with short timeouts, so that /readyz answers within about
-SHIM_READINESS_TIMEOUT_S even when Triton hangs. The model's tensor names, dtypes and dims come from Triton's
-metadata and are checked against what the transport sends (checks.py); every tritonclient error leaves this
-package as one of the shim's own (client.py).
+SHIM_TRANSPORT picks once at start how images travel, one class each (fp32.py, uint8.py, encoded.py; transport.py
+is their interface; docs/transports.md). Readiness uses clients of its own with short timeouts, so that /readyz
+answers within about SHIM_READINESS_TIMEOUT_S even when Triton hangs; client.py translates tritonclient's errors.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""What readiness checks of a Triton model: its metadata and config against what a transport sends and expects.
-
-Reads the JSON that Triton serves (GET /v2/models/<m> and /config); no tritonclient here. Each mismatch is a
-ModelMismatch whose message says what to change.
+"""What readiness checks of a Triton model: its metadata and config (the JSON Triton serves; no tritonclient
+here) against what a transport sends and expects. Each mismatch is a ModelMismatch that says what to change.
 """
 
 from __future__ import annotations
@@ -44,8 +42,7 @@ def check_model(meta: dict[str, Any], config: dict[str, Any], *, image_shape: Se
 
 def _image_in_logits_out(meta: dict[str, Any], *, classes: int, where: str, want_in: str, sender: str,
                          also: tuple[str, ...] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The model's one input and its logits output (FP32 [-1, classes], a score per label), checked; `also`
-    names the other outputs it must have."""
+    """The model's one input and its logits output (FP32 [-1, classes]), checked; `also`: other outputs it needs."""
     outputs = [o for o in meta.get("outputs", []) if o.get("name") not in also]
     named = {o.get("name") for o in meta.get("outputs", [])}
     if len(meta.get("inputs", [])) != 1 or len(outputs) != 1 or not set(also) <= named:
@@ -71,8 +68,7 @@ def check_parameters(config: dict[str, Any], wanted: Mapping[str, str], *, where
 
 
 def decode_step_of(config: dict[str, Any], *, model: str, where: str) -> str:
-    """The encoded ensemble's decode step: the one step that is not `model`, the model the shim serves, which the
-    ensemble must feed (else its answers would be another model's)."""
+    """The encoded ensemble's decode step: its one step that is not `model`, which the ensemble must feed."""
     steps = [str(step.get("model_name", "")) for step in config.get("ensemble_scheduling", {}).get("step", [])]
     others = [name for name in steps if name != model]
     if model not in steps or len(others) != 1:
@@ -83,8 +79,7 @@ def decode_step_of(config: dict[str, Any], *, model: str, where: str) -> str:
 
 
 def check_encoded_model(meta: dict[str, Any], config: dict[str, Any], *, classes: int, where: str) -> ModelSpec:
-    """The encoded transport's ensemble: one BYTES [-1, 1] input (an upload per row), the logits FP32
-    [-1, classes] and READABLE BOOL [-1, 1] (which rows its decoder read)."""
+    """The encoded ensemble: BYTES [-1, 1] in (an upload per row); logits and READABLE BOOL [-1, 1] out."""
     want = "BYTES [-1, 1] (one upload per row)"
     inp, out = _image_in_logits_out(meta, classes=classes, where=where, want_in=want, sender="the encoded transport",
                                     also=(READABLE,))

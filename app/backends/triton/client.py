@@ -68,8 +68,7 @@ class Clients:
             client.close()
 
     def call(self, call: Callable[[httpclient.InferenceServerClient], T], *, where: str) -> T:
-        """Run one tritonclient call on this thread's client; translate whatever it raises (`where` names the
-        model in the messages)."""
+        """One tritonclient call on this thread's client; whatever it raises translated (`where`: the model)."""
         started = time.monotonic()
         try:
             return call(self.get())

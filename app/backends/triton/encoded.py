@@ -1,12 +1,8 @@
-"""SHIM_TRANSPORT=encoded: the uploads' bytes as they came, the uploads of several requests as one BYTES [N, 1]
-request, to the model's `<name>_encoded` ensemble (decode step -> the model), which decodes, resizes, crops
-and normalises them in Triton. Its decode step's parameters are checked against the description at readiness.
+"""SHIM_TRANSPORT=encoded: the uploads' bytes as they came, several requests' as one BYTES [N, 1] request,
+to the model's `<name>_encoded` ensemble, which decodes them in Triton (docs/transports.md).
 
-Which uploads go as they came is app/sniff.py's choice, from the header alone, in the request's own thread;
-the others are decoded there by the legacy rules (the contract's 400 / 413 exactly as before) and go as FP32
-tensors to the model, as fp32 sends them. The ensemble says per row whether its decoder read the upload
-(`readable`); a row it refused comes back to its request's thread (SendAgain), which decodes it by the legacy
-rules and sends the tensor: a corrupt upload gets the legacy app's 400, and holds up no other row.
+What app/sniff.py keeps here is decoded by the legacy rules and goes as fp32 tensors. A row the ensemble's decoder
+refused (`readable`) comes back to its request's thread (SendAgain), which decodes it: it holds up no other row.
 """
 
 from __future__ import annotations
@@ -53,7 +49,7 @@ class EncodedTransport(Transport):
 
     @property
     def model(self) -> str:
-        return self.target.encoded_model or f"{self.target.model}_encoded"
+        return self.target.encoded_model
 
     def refused(self) -> str | None:
         return self.target.encoded_refusal

@@ -1,5 +1,4 @@
-"""SHIM_TRANSPORT=fp32 (the default): the normalised FP32 tensors [N, 3, crop, crop], made in the shim as the
-legacy app makes them, in the body of one binary HTTP request per batch, to the model itself."""
+"""SHIM_TRANSPORT=fp32 (the default): the shim's normalised FP32 tensors [N, 3, crop, crop] to the model itself."""
 
 from __future__ import annotations
 

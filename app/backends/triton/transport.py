@@ -1,11 +1,8 @@
 """The small interface every way of sending images to Triton implements; SHIM_TRANSPORT picks one at start.
 
-    prepare(upload)  in the request's own thread, under the worker's decode bound: the CPU work this transport
-                     needs before the batch goes (a tensor, pixels, or only a look at the header); returns the
-                     item that infer() is handed for that upload
-    infer(items)     one batch of items (several requests') sent; one entry per item: its logits row, or that
-                     item's own ShimError; raises BackendError for what fails the whole batch
-    check()          what readiness checks: the model it sends to, its metadata and config against what it sends
+prepare(upload) runs in the request's thread, under the worker's decode bound, and returns what infer() is handed;
+infer(items) sends one batch and returns one entry per item (its logits row, or its own ShimError), raising
+BackendError for what fails the whole batch; check() is readiness's: the model's metadata and config.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""SHIM_TRANSPORT=uint8: the cropped RGB pixels [N, crop, crop, 3] UINT8 (a quarter of fp32's bytes) to the
-model's `<name>_uint8` ensemble, which normalises them in Triton (normalize step -> the model)."""
+"""SHIM_TRANSPORT=uint8: the cropped pixels [N, crop, crop, 3] UINT8 to `<name>_uint8`, which normalises them."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ class Uint8Transport(Fp32Transport):
 
     @property
     def model(self) -> str:
-        return self.target.uint8_model or f"{self.target.model}_uint8"
+        return self.target.uint8_model
 
     @property
     def version(self) -> str:
