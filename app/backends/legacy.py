@@ -108,8 +108,8 @@ class LegacyBackend:
         import torch
 
         if not self.model_path.is_file():
-            raise FileNotFoundError(f"{self.model_path} does not exist; run `make export` or set "
-                                    "SHIM_LEGACY_MODEL_PATH")
+            raise FileNotFoundError(f"{self.model_path} does not exist; run `make export` (or `shim-export "
+                                    "--model <name>`), or point SHIM_MODEL_REPOSITORY at a repository that has it")
         if self._threads:
             torch.set_num_threads(self._threads)
         model = torch.jit.load(str(self.model_path), map_location="cpu").eval()  # type: ignore[no-untyped-call]

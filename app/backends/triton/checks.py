@@ -73,7 +73,7 @@ def decode_step_of(config: dict[str, Any], *, model: str, where: str) -> str:
     others = [name for name in steps if name != model]
     if model not in steps or len(others) != 1:
         raise ModelMismatch(f"{where} runs {' -> '.join(steps) or 'no ensemble steps'}; the encoded transport needs a "
-                            f"decode step -> {model}, the model the shim serves (SHIM_MODEL_NAME / SHIM_ENCODED_MODEL)",
+                            f"decode step -> {model}, the model the shim serves (SHIM_MODEL_NAME)",
                             backend=NAME)
     return others[0]
 
