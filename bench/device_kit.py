@@ -274,21 +274,9 @@ def check_repo(repo: Path) -> None:
 
 
 def start_triton(repo: Path, work: Path, plan: Plan) -> Any:
-    from devstack import EmbeddedTriton, EmbeddedTritonConfig, launch
+    from bench import stack
 
-    ports = {launch.free_port() for _ in range(8)}
-    http, grpc, metrics = sorted(ports)[:3]
-    config = EmbeddedTritonConfig(model_repository=repo, cache_dir=work, http_port=http, grpc_port=grpc,
-                                  metrics_port=metrics, startup_timeout_s=300, gpu=plan.gpu)
-    return EmbeddedTriton(config).start()
-
-
-def triton_pid(triton: Any) -> int:
-    from bench import cpu
-
-    port = f"--http-port={triton.config.http_port}"
-    (pid,) = cpu.find_pids(lambda argv: Path(argv[0]).name == "tritonserver" and port in argv)
-    return pid
+    return stack.start_triton(repo, work, plan.gpu, startup_timeout_s=300)
 
 
 # -- the steps --------------------------------------------------------------------------------------------------
@@ -504,7 +492,7 @@ def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan, results: Results)
     from devstack import launch
 
     jpegs = stack.sample_jpegs(16)
-    tpid = triton_pid(triton)
+    tpid = stack.triton_pid(triton)
     rows = []
     (work / "logs").mkdir(parents=True, exist_ok=True)
     shims = {}  # every transport's shim starts at once (they idle while another is measured)

@@ -1,31 +1,8 @@
-"""`python -m bench --frontend`: what the shim's CPU work around a near-free model lets through, in one run.
+"""`python -m bench --frontend`: the shim's CPU per image around a near-free model, as on a GPU host.
 
-On a GPU host the model is almost free and the CPU work around it decides how many images reach it: HTTP
-and multipart parsing, JPEG decode, preprocessing, tensor serialisation and the hop to Triton. This mode
-makes the model near-free here too and measures, one row after the other, with the same JPEGs and clients:
-
-  floor         `app.preprocess.decode` + `to_tensor` in N processes (N = usable cores), no HTTP: the
-                least CPU any front end must spend per image (bench/floor.py)
-  legacy front  examples/legacy_app.py under gunicorn (2 workers x 8 threads by default) with a near-free
-                TorchScript model of resnet50's interface: the old app's own front-end cost
-  shim [t]      the shim (its own default workers and threads) -> Triton, one row per transport t
-                (SHIM_TRANSPORT=t in the shim's environment; bench.run.TRANSPORTS, or --transports)
-  direct        ready-made FP32 tensors straight to the same Triton: its cost without any front end
-
-Each shim row is measured twice, one window after the other: by the Python load generator, then by wrk (C,
-bench/wrk.py) with the same bodies, so that a row's figure is known to be the shim's, not the harness's
-(--no-wrk skips it). The `encoded` row's Triton decodes and resizes on the CPU here (resnet50_decode's CPU
-copy): read its shim CPU per image, and the GPU-host estimate made from it (bench/frontcheck.py).
-
-The near-free model: modelrepo/standin.write_standin_repo() writes a copy of triton_repo into the run's
-own folder (never triton_repo/) whose resnet50 and normalize are numpy python-backend stand-ins with the
-exact interfaces (input__0 FP32 [3,224,224] -> output__0 FP32 [1000], max batch 32; logit k = the sum of
-the k-th of 1000 slices of the input, so every input value is read), served by the embedded Triton. The
-legacy app gets the same arithmetic as a scripted torch module (near_free_torchscript below).
-
-Every row reads the CPU time of the shim's, Triton's, the legacy app's, the floor's and the load
-generator's process trees from /proc over its measured window (bench/cpu.py). With --profile, py-spy
-records one shim worker of the best transport over one more window (bench/profile.py).
+Rows, one after the other with the same JPEGs and clients: the decode + preprocess floor (bench/floor.py),
+the legacy front, the shim per transport (each cross-checked by wrk, bench/wrk.py), and tensors straight to
+Triton; docs/benchmarks.md says what each row is, bench/RESULTS.md how to read them.
 """
 
 from __future__ import annotations
@@ -44,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import cpu, floor, frontcheck, stack, wrk
+from bench import floor, frontcheck, stack, wrk
 from bench import profile as pyspy
 from bench.loadgen import LoadGenerator
 from bench.report import cpu_columns, cpu_split, front_markdown, front_ratios, summarize
@@ -103,15 +80,6 @@ def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path
 
 # -- the servers --------------------------------------------------------------------------------------------
 
-def triton_pid(triton: Any) -> int:
-    """The tritonserver process serving on triton's HTTP port, found by its command line."""
-    port = f"--http-port={triton.config.http_port}"
-    pids = cpu.find_pids(lambda argv: Path(argv[0]).name == "tritonserver" and port in argv)
-    if len(pids) != 1:
-        raise SystemExit(f"bench: expected one tritonserver with {port}, found {pids}")
-    return pids[0]
-
-
 @contextlib.contextmanager
 def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads: int,
                  stopper: stack.Stopper) -> Iterator[Any]:
@@ -127,38 +95,15 @@ def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads:
     served = launch.ServedApp("legacy app", cmd, env, port, out / "logs" / f"legacy-front-{port}.log")
     try:
         served.wait("/", status=404, timeout_s=180)  # no health endpoint: any contract answer means it is up
-        wait_for_children(served.process.pid, workers)
+        stack.wait_for_children(served.process.pid, workers)
         yield served
     finally:
         stopper.later(served.stop)
 
 
-@contextlib.contextmanager
-def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers: int, threads: int,
-               stopper: stack.Stopper, extra_env: dict[str, str] | None = None) -> Iterator[Any]:
-    from devstack import launch
-
-    env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
-           **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport, **(extra_env or {})}
-    print(f"starting the shim (SHIM_TRANSPORT={transport}, {workers} workers x {threads} threads) ...", flush=True)
-    served = launch.start_shim(out / "logs", env)
-    try:
-        served.wait("/readyz", timeout_s=120)
-        wait_for_children(served.process.pid, workers)
-        yield served
-    finally:
-        stopper.later(served.stop)
-
-
-def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
-    """gunicorn's workers, once all `count` have forked and the whole tree is idle: the first answer may come
-    while another worker still imports its app (torch, for the legacy app)."""
-    from devstack.waiting import wait_until
-
-    deadline = time.monotonic() + timeout_s
-    wait_until(lambda: len(cpu.children_of(pid)) >= count, timeout_s, f"{count} gunicorn workers", interval_s=0.1)
-    cpu.wait_idle((pid,), timeout_s=max(1.0, deadline - time.monotonic()))
-    return cpu.children_of(pid)
+def shim_env(triton_url: str, transport: str, workers: int, threads: int) -> dict[str, str]:
+    return {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
+            **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
 
 
 def reported_transport(url: str) -> str:
@@ -253,7 +198,7 @@ class FrontRun:
 
 def profile_row(front: FrontRun, served: Any, tpid: int, transport: str) -> dict[str, Any]:
     """One more window on a fresh shim with `transport`, py-spy recording its first worker while it is measured."""
-    pid = wait_for_children(served.process.pid, front.args.shim_workers)[0]
+    pid = stack.wait_for_children(served.process.pid, front.args.shim_workers)[0]
     raws = {"working": front.out / f"profile-{transport}-{pid}.raw",
             "gil": front.out / f"profile-{transport}-{pid}-gil.raw"}
     state: dict[str, Any] = {}
@@ -337,11 +282,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
             print("starting Triton (the near-free stand-in repository) ...", flush=True)
             triton = stack.start_triton(repo, work / "triton")
             try:
-                tpid = triton_pid(triton)
+                tpid = stack.triton_pid(triton)
                 served_config = front.run.served_config("front", triton.http_url)
                 for transport in args.transports:
-                    with shim_front(out, triton.http_url, labels, transport, args.shim_workers,
-                                    args.shim_threads, front.run.stopper) as served:
+                    with stack.serve_shim(out / "logs", shim_env(triton.http_url, transport, args.shim_workers,
+                                                                 args.shim_threads),
+                                          front.run.stopper, args.shim_workers) as served:
                         reported = reported_transport(served.url)
                         print(f"  the shim reports transport: {reported}", flush=True)
                         front.measure(f"shim-{transport}", "shim", f"shim [{transport}]",
@@ -361,16 +307,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
                     shims = [r for r in front.rows if r["kind"] == "shim" and r["concurrency"] == level]
                     best = max(shims, key=lambda r: r["qps"])["transport"] if shims else args.transports[0]
                     print(f"profiling one shim worker, transport {best} (the best by throughput) ...", flush=True)
-                    with shim_front(out, triton.http_url, labels, best, args.shim_workers,
-                                    args.shim_threads, front.run.stopper) as served:
+                    with stack.serve_shim(out / "logs", shim_env(triton.http_url, best, args.shim_workers,
+                                                                 args.shim_threads),
+                                          front.run.stopper, args.shim_workers) as served:
                         profile = profile_row(front, served, tpid, best)
             finally:
-                def stop_triton() -> None:
-                    triton.stop()
-                    with contextlib.suppress(OSError):
-                        shutil.copy(triton.log_path, out / "logs" / "tritonserver-front.log")
-
-                front.run.stopper.later(stop_triton)
+                front.run.stopper.later(lambda: stack.stop_keeping_log(triton, out / "logs" / "tritonserver-front.log"))
         finally:
             front.run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after Triton, which uses it
             front.close()

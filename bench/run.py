@@ -415,34 +415,20 @@ def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path)
     print(f"starting Triton ({variant.name}: {variant.instances} instances, dynamic batching "
           f"{'on' if variant.dynamic_batching else 'off'}) ...", flush=True)
     triton = stack.start_triton(repo, work / f"triton-{variant.name}")
-
-    def stop() -> None:
-        triton.stop()
-        with contextlib.suppress(OSError):
-            shutil.copy(triton.log_path, run.logs / f"tritonserver-{variant.name}.log")
-
     try:
         yield triton
     finally:
-        run.stopper.later(stop)
+        run.stopper.later(lambda: stack.stop_keeping_log(triton, run.logs / f"tritonserver-{variant.name}.log"))
 
 
 @contextlib.contextmanager
-def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: str) -> Iterator[str]:
-    from devstack import launch
-
+def shim(run: Run, triton_url: str, **settings: str) -> Iterator[str]:
     repository = {"SHIM_MODEL_REPOSITORY": str(run.args.model_repository)} if run.args.model_repository else {}
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": run.args.model_name,
            **repository,  # the model.toml there names the labels and the legacy model
            **stack.shim_layout(run.args.shim_workers, run.args.shim_threads), **settings}
-    shown = ", ".join(f"{k}={v}" for k, v in env.items())
-    print(f"starting the shim ({shown}) ...", flush=True)
-    served = launch.start_shim(run.logs, env)
-    try:
-        served.wait("/readyz", timeout_s=120)
+    with stack.serve_shim(run.logs, env, run.stopper) as served:
         yield served.url
-    finally:
-        run.stopper.later(served.stop)
 
 
 def gunicorn(run: Run) -> str:
@@ -524,11 +510,11 @@ def direct_target(run: Run, triton_url: str, triton_metrics: str | None) -> Targ
                   triton_metrics=triton_metrics)
 
 
-def local_triton_configs(run: Run, work: Path, model_pt: Path, labels: Path) -> None:
+def local_triton_configs(run: Run, work: Path, model_pt: Path) -> None:
     selected = run.args.selected
     if "triton-instances" in selected:
         with triton_variant(run, work, stack.Variant("instances", 2, dynamic_batching=False), model_pt) as triton, \
-                shim(run, triton.http_url, labels, model_pt, SHIM_MAX_BATCH_SIZE="1") as url:
+                shim(run, triton.http_url, SHIM_MAX_BATCH_SIZE="1") as url:
             run.measure(shim_target(run, "triton-instances", url, triton.http_url, triton.metrics_url,
                                     f"{gunicorn(run)}, its batcher off: SHIM_MAX_BATCH_SIZE=1"))
     if {"direct", "triton-batching"} & set(selected):
@@ -536,12 +522,12 @@ def local_triton_configs(run: Run, work: Path, model_pt: Path, labels: Path) -> 
             if "direct" in selected:
                 run.measure(direct_target(run, triton.http_url, triton.metrics_url))
             if "triton-batching" in selected:
-                with shim(run, triton.http_url, labels, model_pt) as url:
+                with shim(run, triton.http_url) as url:
                     run.measure(shim_target(run, "triton-batching", url, triton.http_url, triton.metrics_url,
                                             f"{gunicorn(run)}, its batcher on: the defaults"))
 
 
-def external_triton_configs(run: Run, model_pt: Path, labels: Path) -> None:
+def external_triton_configs(run: Run) -> None:
     triton_url = run.args.triton_url.split("://", 1)[-1].rstrip("/")
     metrics = run.args.triton_metrics_url or f"http://{stack.split_url(triton_url)[0]}:8002/metrics"
     if stack.scrape(metrics) is None:
@@ -555,7 +541,7 @@ def external_triton_configs(run: Run, model_pt: Path, labels: Path) -> None:
             run.measure(shim_target(run, "triton-batching", url, triton_url, metrics, "already running, its own "
                                     "settings"))
         else:
-            with shim(run, triton_url, labels, model_pt) as url:
+            with shim(run, triton_url) as url:
                 run.measure(shim_target(run, "triton-batching", url, triton_url, metrics,
                                         f"{gunicorn(run)}, the defaults"))
 
@@ -638,11 +624,11 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
             if "litserve" in configs:
                 run_litserve(run, model_pt, labels)
             if args.triton_url:
-                external_triton_configs(run, model_pt, labels)
+                external_triton_configs(run)
                 notes.append(f"Triton was the one already running at {args.triton_url} (its own model and config); "
                              "configurations that need a Triton started with a given config were skipped.")
             else:
-                local_triton_configs(run, work, model_pt, labels)
+                local_triton_configs(run, work, model_pt)
                 notes.append("Triton was the wheel's (nvidia-pytriton), serving a CPU copy of each variant: the "
                              "libtorch model runs in a python-backend stand-in loading the same model.pt, "
                              "KIND_GPU became KIND_CPU, INTRA_OP_THREAD_COUNT = cores / instances.")

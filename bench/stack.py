@@ -18,9 +18,11 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,14 +132,76 @@ def variant_repo(dest: Path, variant: Variant, model_pt: Path, *, source: Path =
     return repo
 
 
-def start_triton(repo: Path, work: Path) -> EmbeddedTriton:
-    """The wheel's Triton on free loopback ports, its CPU copy and log under `work`."""
+def start_triton(repo: Path, work: Path, gpu: bool = False, startup_timeout_s: float = 240) -> EmbeddedTriton:
+    """The wheel's Triton on free loopback ports, its CPU copy (gpu=False) and log under `work`."""
     http, grpc, metrics = launch.free_port(), launch.free_port(), launch.free_port()
     while len({http, grpc, metrics}) < 3:
         grpc, metrics = launch.free_port(), launch.free_port()
     config = EmbeddedTritonConfig(model_repository=repo, cache_dir=work, http_port=http, grpc_port=grpc,
-                                  metrics_port=metrics, startup_timeout_s=240)
+                                  metrics_port=metrics, startup_timeout_s=startup_timeout_s, gpu=gpu)
     return EmbeddedTriton(config).start()
+
+
+def stop_keeping_log(triton: EmbeddedTriton, log: Path) -> None:
+    triton.stop()
+    with contextlib.suppress(OSError):
+        shutil.copy(triton.log_path, log)
+
+
+def triton_pid(triton: EmbeddedTriton) -> int:
+    """The tritonserver process serving on triton's HTTP port, found by its command line."""
+    from bench import cpu
+
+    port = f"--http-port={triton.config.http_port}"
+    pids = cpu.find_pids(lambda argv: Path(argv[0]).name == "tritonserver" and port in argv)
+    if len(pids) != 1:
+        raise SystemExit(f"bench: expected one tritonserver with {port}, found {pids}")
+    return pids[0]
+
+
+@contextlib.contextmanager
+def standin_triton(prefix: str, encoded: bool) -> Iterator[tuple[Path, Path, EmbeddedTriton]]:
+    """(work folder, repository, Triton): the wheel's Triton on the near-free stand-in repository
+    (modelrepo/standin.py: the model costs almost nothing), all in a temporary folder removed after."""
+    from modelrepo.standin import write_standin_repo
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        repo = write_standin_repo(work / "standin_repo", keep_torch_models=encoded)
+        triton = start_triton(repo, work / "triton")
+        try:
+            yield work, repo, triton
+        finally:
+            triton.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
+    """gunicorn's workers, once all `count` have forked and the whole tree is idle: the first answer may come
+    while another worker still imports its app (torch, for the legacy app)."""
+    from bench import cpu
+    from devstack.waiting import wait_until
+
+    deadline = time.monotonic() + timeout_s
+    wait_until(lambda: len(cpu.children_of(pid)) >= count, timeout_s, f"{count} gunicorn workers", interval_s=0.1)
+    cpu.wait_idle((pid,), timeout_s=max(1.0, deadline - time.monotonic()))
+    return cpu.children_of(pid)
+
+
+@contextlib.contextmanager
+def serve_shim(logs: Path, env: dict[str, str], stopper: Stopper, workers: int | None = None) -> Iterator[Any]:
+    """The shim under gunicorn with `env`, ready (and, given `workers`, all of them forked and idle); it stops
+    in the background after."""
+    print(f"starting the shim ({', '.join(f'{k}={v}' for k, v in env.items())}) ...", flush=True)
+    served = launch.start_shim(logs, env)
+    try:
+        served.wait("/readyz", timeout_s=120)
+        if workers:
+            wait_for_children(served.process.pid, workers)
+        yield served
+    finally:
+        stopper.later(served.stop)
 
 
 class Stopper:
