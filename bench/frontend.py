@@ -25,7 +25,7 @@ from bench import floor, frontcheck, stack, wrk
 from bench import profile as pyspy
 from bench.loadgen import LoadGenerator
 from bench.report import cpu_columns, cpu_split, front_markdown, front_ratios, summarize
-from bench.run import IMAGE_SIZE, IMAGES, Run, Target
+from bench.run import IMAGE_SIZE, IMAGES, Run, Target, finish
 
 ROOT = stack.ROOT
 MODEL = "resnet50"
@@ -167,9 +167,6 @@ class FrontRun:
             if split:
                 print("    the shim's CPU ms per image: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()),
                       flush=True)
-            if row["errors"] or row["warmup_errors"]:
-                print(f"  !! {label} c={concurrency}: {row['errors']} errors ({row['error_kinds']}), "
-                      f"{row['warmup_errors']} in warm-up; see {self.out / 'logs'}", flush=True)
         return row
 
     def measure_floor(self, processes: int) -> None:
@@ -317,9 +314,6 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
             front.run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after Triton, which uses it
             front.close()
 
-    if front.run.triton_server:
-        machine["triton_server"] = {k: front.run.triton_server.get(k) for k in ("name", "version")}
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     if usable <= 4:
         notes.append(f"Only {usable} CPU cores: the load generator, the server under test and Triton share them; "
                      "read ratios measured in one run, not absolutes.")
@@ -347,14 +341,4 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
         "profile": profile,
         "notes": notes,
     }
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    (out / "results.md").write_text(front_markdown(report))
-    print()
-    print((out / "results.md").read_text())
-    errors = sum(r["errors"] + r.get("warmup_errors", 0) for r in front.rows)
-    print(f"written: {out / 'results.json'}, {out / 'results.md'}, {out / 'requests.csv'} "
-          f"({time.monotonic() - started:.0f} s)")
-    if errors:
-        print(f"{errors} requests failed: see the table and {out / 'logs'}", file=sys.stderr)
-        return 1
-    return 0
+    return finish(front.run, report, front_markdown, started)

@@ -138,21 +138,24 @@ def ceiling_table(ceiling: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def markdown(report: dict[str, Any]) -> str:
-    rows, m = report["results"], report["machine"]
+def intro(report: dict[str, Any], *packages: str) -> list[str]:
+    """The command, when and on what machine: a report's first lines."""
+    m = report["machine"]
     gpus = ", ".join(g["name"] for g in m["gpus"]) or "none"
-    s = report["settings"]
+    return [f"`{report['command']}`, {report['started']}, {report['elapsed_s']:.0f} s.", "",
+            f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB, GPU: {gpus}; "
+            f"Python {m['python']}, " + ", ".join(f"{p} {m['packages'].get(p)}" for p in packages)
+            + (f", Triton server {m['triton_server']['version']}" if m.get("triton_server") else "")
+            + f"; load average (1 min) {m['load_average'][0]} at start, {m['load_average_end'][0]} at the end; "
+            f"git {m['git']}.", ""]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows, s = report["results"], report["settings"]
     lines = [
         f"# Benchmark: {report['model']['arch']} ({report['model']['source']})",
         "",
-        f"`{report['command']}`, {report['started']}, {report['elapsed_s']:.0f} s.",
-        "",
-        f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB, GPU: {gpus}; "
-        f"Python {m['python']}, torch {m['packages'].get('torch')}, tritonclient {m['packages'].get('tritonclient')}"
-        + (f", Triton server {m['triton_server']['version']}" if m.get("triton_server") else "")
-        + f"; load average (1 min) {m['load_average'][0]} at start, {m['load_average_end'][0]} at the end; "
-        f"git {m['git']}.",
-        "",
+        *intro(report, "torch", "tritonclient"),
         f"Closed loop, {s['warmup_s']:g} s warm-up (discarded) then {s['duration_s']:g} s measured per row; "
         f"each client sends one of {s['images']} different {s['image_size']} JPEGs as a multipart upload "
         "(direct: the same images as ready-made FP32 [1,3,224,224] tensors). QPS counts good answers; "
@@ -437,19 +440,11 @@ def profile_lines(profile: dict[str, Any] | None) -> list[str]:
 
 
 def front_markdown(report: dict[str, Any]) -> str:
-    rows, m, s = report["results"], report["machine"], report["settings"]
-    gpus = ", ".join(g["name"] for g in m["gpus"]) or "none"
+    rows, s = report["results"], report["settings"]
     lines = [
         "# Front-end benchmark: the shim's CPU per image against the decode + preprocess floor",
         "",
-        f"`{report['command']}`, {report['started']}, {report['elapsed_s']:.0f} s.",
-        "",
-        f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB, GPU: {gpus}; "
-        f"Python {m['python']}, tritonclient {m['packages'].get('tritonclient')}"
-        + (f", Triton server {m['triton_server']['version']}" if m.get("triton_server") else "")
-        + f"; load average (1 min) {m['load_average'][0]} at start, {m['load_average_end'][0]} at the end; "
-        f"git {m['git']}.",
-        "",
+        *intro(report, "tritonclient"),
         f"Closed loop, {s['warmup_s']:g} s warm-up (discarded) then {s['duration_s']:g} s measured per row; "
         f"each client uploads one of {s['images']} different {s['image_size']} JPEGs. The model is "
         f"{report['model']['description']}. CPU columns: milliseconds of CPU (user + system) per good answer, "

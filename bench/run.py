@@ -334,10 +334,7 @@ class Run:
         self.configurations.append({"config": target.config, "label": target.label,
                                     "description": target.description})
         for concurrency in self.args.levels:
-            row = self.measure_one(target, concurrency)
-            if row["errors"] or row["warmup_errors"]:
-                print(f"  !! {target.label} c={concurrency}: {row['errors']} errors in the window "
-                      f"({row['error_kinds']}), {row['warmup_errors']} in warm-up; see {self.logs}", flush=True)
+            self.measure_one(target, concurrency)
 
     def measure_one(self, target: Target, concurrency: int,
                     on_measure: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -374,6 +371,9 @@ class Run:
         self.record(target.config, concurrency, outcome)
         print(f"  {target.label} c={concurrency}: {row['qps']:.1f} QPS, p50 {fmt_ms(row['p50_ms'])}, "
               f"p99 {fmt_ms(row['p99_ms'])}, {row['errors']} errors", flush=True)
+        if row["errors"] or row["warmup_errors"]:
+            print(f"  !! {target.label} c={concurrency}: {row['errors']} errors in the window "
+                  f"({row['error_kinds']}), {row['warmup_errors']} in warm-up; see {self.logs}", flush=True)
         return row
 
     def record(self, config: str, concurrency: int, outcome: Outcome) -> None:
@@ -636,9 +636,6 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
             run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after the servers using it
             run.close(settle=not args.both)  # --both: the front-end rows' setup overlaps the last stops
 
-    if run.triton_server:
-        machine["triton_server"] = {k: run.triton_server.get(k) for k in ("name", "version")}
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     if not args.triton_url and machine["usable_cores"] and machine["usable_cores"] <= 4:
         notes.append(f"Only {machine['usable_cores']} CPU cores: the load generator, the server under test and "
                      "(for the shim) Triton share them, so every configuration is bounded by the same CPU.")
@@ -661,8 +658,6 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
         "ratios": ratios(run.rows),
         "notes": notes,
     }
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    (out / "results.md").write_text(markdown(report))
     gpu = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
     plot(run.rows, out / "results.png", f"{arch}, {machine['cpu']}, {machine['usable_cores']} cores, {gpu}")
     latest = out.parent / "latest"
@@ -671,13 +666,24 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
             if latest.is_symlink():
                 latest.unlink()
             latest.symlink_to(out.name)
+    return finish(run, report, markdown, started, f"{out / 'results.png'}, "), out, run.stopper
 
+
+def finish(run: Run, report: dict[str, Any], render: Callable[[dict[str, Any]], str], started: float,
+           files: str = "") -> int:
+    """Writes results.json and results.md and prints the tables: 1 when a request failed."""
+    machine, out = report["machine"], run.out
+    if run.triton_server:
+        machine["triton_server"] = {k: run.triton_server.get(k) for k in ("name", "version")}
+    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    text = render(report)
+    (out / "results.md").write_text(text)
     print()
-    print((out / "results.md").read_text())
-    errors = sum(r["errors"] + r["warmup_errors"] for r in run.rows)
-    print(f"written: {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}, {out / 'requests.csv'} "
+    print(text)
+    errors = sum(r["errors"] + r.get("warmup_errors", 0) for r in run.rows)
+    print(f"written: {out / 'results.json'}, {out / 'results.md'}, {files}{out / 'requests.csv'} "
           f"({time.monotonic() - started:.0f} s)")
     if errors:
         print(f"{errors} requests failed: see the tables and {out / 'logs'}", file=sys.stderr)
-        return 1, out, run.stopper
-    return 0, out, run.stopper
+    return 1 if errors else 0
