@@ -37,11 +37,7 @@ def _work(conn: multiprocessing.connection.Connection, jpegs: Sequence[bytes], o
         while (started := time.monotonic()) < window_end:
             to_tensor(decode(jpegs[k % len(jpegs)], spec), spec)
             k += 1
-            ended = time.monotonic()
-            out.starts.append(started - window_start)
-            out.ends.append(ended - window_start)
-            out.latencies.append(ended - started)
-            out.errors.append("")
+            out.record(started, time.monotonic(), window_start)
         conn.send(out)
     except Exception:
         conn.send(traceback.format_exc())
@@ -82,10 +78,7 @@ def run_floor(jpegs: Sequence[bytes], processes: int, warmup_s: float, duration_
             answer = conn.recv()
             if isinstance(answer, str):
                 raise RuntimeError(f"{worker.name} failed:\n{answer}")
-            merged.starts += answer.starts
-            merged.ends += answer.ends
-            merged.latencies += answer.latencies
-            merged.errors += answer.errors
+            merged.add(answer)
         return merged, cpu.window_seconds(first, last)
     finally:
         for conn, worker in zip(pipes, workers, strict=True):

@@ -66,6 +66,22 @@ class Outcome:
     unfinished: int = 0  # requests still open when the run gave up waiting for them
     cpu_window: dict[str, dict[str, float]] | None = None  # Job.watch's groups: CPU over the window (bench/cpu.py)
 
+    def record(self, started: float, ended: float, window_start: float, error: str = "") -> None:
+        self.starts.append(started - window_start)
+        self.ends.append(ended - window_start)
+        self.latencies.append(ended - started)
+        self.errors.append(error)
+
+    def add(self, other: Outcome) -> None:
+        """Another process's share of the same run."""
+        self.starts += other.starts
+        self.ends += other.ends
+        self.latencies += other.latencies
+        self.errors += other.errors
+        self.cpu_s += other.cpu_s
+        self.unfinished += other.unfinished
+        self.cpu_window = self.cpu_window or other.cpu_window
+
 
 def multipart_request(host: str, port: int, path: str, field_name: str, filename: str, content_type: str,
                       data: bytes) -> bytes:
@@ -83,10 +99,6 @@ def post_request(host: str, port: int, path: str, body: bytes, content_type: str
                *extra_headers]
     head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
     return head.encode() + body
-
-
-def get_request(host: str, port: int, path: str) -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: keep-alive\r\n\r\n".encode()
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
@@ -169,11 +181,7 @@ async def run_job(job: Job, progress: Any | None = None) -> Outcome:
                 error, keep = "timeout", False
             except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as e:
                 error, keep = type(e).__name__, False
-            ended = time.monotonic()
-            out.starts.append(started - window_start)
-            out.ends.append(ended - window_start)
-            out.latencies.append(ended - started)
-            out.errors.append(error)
+            out.record(started, time.monotonic(), window_start, error)
             if progress is not None:
                 progress[DONE] += 1
                 if error:
@@ -285,13 +293,7 @@ class LoadGenerator:
             if isinstance(answer, str):
                 raise RuntimeError(f"the load generator failed:\n{answer}")
             assert isinstance(answer, Outcome)
-            merged.starts += answer.starts
-            merged.ends += answer.ends
-            merged.latencies += answer.latencies
-            merged.errors += answer.errors
-            merged.cpu_s += answer.cpu_s
-            merged.unfinished += answer.unfinished
-            merged.cpu_window = merged.cpu_window or answer.cpu_window
+            merged.add(answer)
         return merged
 
     @property
