@@ -1,9 +1,7 @@
-"""`python -m bench`: the Flask-vs-Triton benchmark (bench/run.py), the front end's (--frontend:
-bench/frontend.py), or one after the other (--both); `python -m bench --memory`: a shim worker's peak memory
-under the worst input its limits accept (bench/memory.py).
+"""`python -m bench` and its modes (docs/benchmarks.md).
 
-The imports stay inside main(): the load generator's spawned child imports this module as well, and
-must not pay for numpy, tritonclient or matplotlib.
+The imports stay inside main(): the load generator's spawned child imports this module too, and must not pay
+for numpy, tritonclient or matplotlib.
 """
 
 from __future__ import annotations

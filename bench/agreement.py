@@ -1,26 +1,9 @@
-"""`python -m bench.agreement`: the encoded transport's answers against the legacy app's, on a generated corpus.
+"""`python -m bench.agreement`: the encoded transport's answers against the legacy path's, on bench/corpus.py.
 
-For every upload of bench/corpus.py (205 of them: 1x1 to 4000x3000, JPEG 4:2:0 / 4:2:2 / 4:4:4, progressive,
-grayscale, CMYK, EXIF orientations, PNG, WebP, GIF), two tensors:
-
-  legacy   app.preprocess: Pillow decode + convert("RGB"), Resize, CenterCrop, ToTensor, Normalize, bit for
-           bit what the legacy app's torchvision made
-  encoded  what the encoded transport makes of the same upload: Triton's decode step (`<model>_decode`, its
-           tensor read back) for an upload app/sniff.py forwards; for the others the shim's own CPU path,
-           which is the legacy code (difference 0 by construction, reported as such, with the reason)
-
-Both are made with the preprocessing of one model's description, and go through that model in this process:
-EfficientNet-Lite0, pretrained, as the tests serve it (bench/reference_model.py: modelrepo/export.py's export
-of examples/models/efficientnet_lite0/model.toml, its own Resize(224), mean and std, and its generated decode
-step efficientnet_lite0_decode). Figures: top-1 agreement and top-5 overlap (the share of the legacy top-5 in
-the encoded top-5), and the largest and mean absolute difference of the tensors' values, in pixel levels (1 =
-one step of 0..255). The step Triton serves must carry the description's preprocessing (checked first).
-
-Targets: top-1 agreement >= 99.5 % and mean top-5 overlap >= 99 %: exit 0 when met, 1 when not, 2 when no
-figure could be made.
-
-    python -m bench.agreement                    # starts the wheel's Triton with the decode step's CPU copy
-    python -m bench.agreement --triton-url H:P   # a running Triton (a GPU host's, for the GPU's figures)
+Both tensors of every upload (the legacy path's app.preprocess; Triton's decode step, or the shim's CPU path for
+an upload app/sniff.py keeps) go through the reference model (bench/reference_model.py) with its description's
+preprocessing. Targets: top-1 agreement >= 99.5 % and mean top-5 overlap >= 99 %: exit 0 when met, 1 when not
+(docs/transports.md has the figures). Without --triton-url it starts the wheel's Triton on the step's CPU copy.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """CPU time of whole process trees over a measured window, read with psutil (on Linux, from /proc).
 
-A group is named by its root PIDs (the shim's gunicorn master, tritonserver, the legacy app's master, the
-floor's processes, the load generator's processes); its members are the roots and all their descendants
-at the moment of each snapshot, found from the parent PIDs. A snapshot holds each member's user + system
-and children_user + children_system CPU seconds (psutil's cpu_times(): the kernel's clock ticks,
-os.sysconf('SC_CLK_TCK') per second, divided out), and the group's CPU over a window is the change between
-two snapshots:
-
-  * a member alive at both ends counts end - start;
-  * a member that appears during the window (a respawned gunicorn worker, a python-backend stub) counts
-    from 0;
-  * a member that exits during the window is gone from the process table. When its parent (a member too)
-    reaps it, the kernel adds the child's whole user + system time (and the time of the grandchildren it
-    reaped) to the parent's children times; so the window also counts the members' children-time
-    deltas, minus what each exited member had already used at the start (counted before the window,
-    not in it). A member reaped by a process outside the tree (reparented to init after its parent
-    died) or not yet reaped at the end (a zombie keeps its times, so it is still counted as alive) is
-    the only case this misses; none of the measured servers does that.
-
-Every snapshot is taken by the one process that knows when the window opens and closes: the load
-generator's child for the HTTP rows (bench/loadgen.py), the orchestrator for the floor.
+A group is its root PIDs and all their descendants at each snapshot. A member alive at both ends counts
+end - start, one born during the window counts from 0; one that exits is gone from the table, but its parent
+(a member) reaps it and the kernel adds its whole time to the parent's children times: so the window counts
+the members' children-time deltas too, minus what each exited member had used before the window.
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
-"""`bench/device_check.sh`'s measurement, for the day a GPU machine is lent (see the script's header for how).
-
-Three stages, one call each, every one writing its section of the results file as soon as it has it:
-
-  a  libraries   `ldd` of the wheel's tritonserver, its python backend, the stub of this Python and the cache
-                 library: every "not found" line goes into the results (the server would not start)
-  b  python env  in the environment the python backend's stub gets (devstack.wheel.server_environment): the
-                 interpreter, numpy (below 2 for the wheel's Triton 2.51, whose stub pybind11 2.10 cannot read
-                 numpy 2), torch, and CUDA initialised (torch.cuda.init, one allocation)
-  c  measure     the repository generated on the machine from the descriptions (triton_repo's model.toml files:
-                 configs and the decode steps' model.py, never carried), the kit's own bench model beside
-                 resnet50 for the batch sizes past its description's max_batch_size; the wheel's Triton on it;
-                 first a smoke check (one JPEG through the decode step: its tensor's device, dtype and shape, and
-                 its difference from the shim's CPU path, with one answer compared), then:
-    model_only   the bench model in torch and through Triton, batch 1 to 64
-    decode       resnet50_decode: images/s, whether JPEGs cut short are refused, the agreement with the legacy
-                 path on the generated corpus (efficientnet_lite0_decode: bench/agreement.py)
-    shim         the shim per transport (fp32, uint8, encoded) at 16, 64 and 256 connections
-
---dry-run runs all three stages on a CPU machine with the GPU plan's shapes (every batch size, the described
-instance counts, every model and stage, the whole corpus) and a near-free model (modelrepo/standin.py) in place
-of ResNet-50, KIND_CPU in place of KIND_GPU and short windows: `make test` runs it from a copy of the work tree
-as a lent machine receives it (bench/device_check.sh), so every step that can fail there for a reason other
-than the GPU fails here first. A step that fails is recorded with its error and the others still run.
+"""`bench/device_check.sh`'s measurement on a lent GPU machine, in three stages (the script's header says how):
+a, ldd of the wheel's server, backend and stub; b, numpy, torch and CUDA in the python backend's environment;
+c, the repository generated from the descriptions, the wheel's Triton on it, a smoke check, then the model alone,
+the decode step (with the agreement) and the shim per transport. Each step's figures or error go into the
+results file as soon as it has them. --dry-run: every stage on a CPU, the GPU plan's shapes, a near-free model.
 """
 
 from __future__ import annotations

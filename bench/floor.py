@@ -1,10 +1,5 @@
-"""The floor of the shim's request path: decode + FP32 preprocess alone, in N processes, no HTTP.
-
-Each process (spawned: nothing inherited) loops over the same JPEGs the HTTP rows upload, running exactly
-what the shim runs per image (`app.preprocess.decode` then `to_tensor`), for a warm-up and then the same
-measured window as the other rows, all processes on one clock. What it returns is the load generator's
-Outcome (one "request" per image), so the report reads it like any other row; the orchestrator reads
-the processes' CPU time from /proc when the window opens and closes (bench/cpu.py).
+"""The floor of the shim's request path: `app.preprocess.decode` + `to_tensor` alone in N spawned processes on
+the benchmark's JPEGs, no HTTP, for the same warm-up and window as the other rows (one Outcome, as a row).
 """
 
 from __future__ import annotations

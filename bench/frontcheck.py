@@ -1,12 +1,6 @@
-"""The front-end report's second look at the shim rows: wrk's figures beside the Python load generator's, each
-row's CPU per image in the shim and in Triton, what a GPU host would serve, and the encoded transport's target.
-
-  GPU-host estimate  cores x 1000 / the shim's CPU ms per image: the images/s the shim's processes alone would
-                     let through if Triton's share of the CPU (the model, and with `encoded` the decode)
-                     went to a GPU and the shim had the cores to itself. An estimate from CPU per image, not a
-                     measurement (bench/device_check.sh measures it on a GPU host).
-  encoded target     the shim's CPU per image with `encoded` <= 0.4 x its CPU per image with the best tensor
-                     transport (the lower of fp32 and uint8), the same run.
+"""The front-end report's wrk cross-check of the shim rows, the GPU-host estimate (cores x 1000 / the shim's CPU ms
+per image: an estimate, not a measurement) and the encoded target (its shim CPU per image <= 0.4 x that of the
+best tensor transport, the same run).
 """
 
 from __future__ import annotations

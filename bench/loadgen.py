@@ -1,16 +1,8 @@
 """A closed-loop HTTP/1.1 load generator cheap enough not to be what a benchmark measures.
 
-It runs in a process of its own (spawned: no GIL or fork state shared with the orchestrator) with one
-asyncio loop and one keep-alive connection per virtual client. Every request is built before the run,
-request line, headers and multipart or binary-tensor body in one `bytes`, so sending one costs a
-socket write and answering it a status line, a few headers and a body read by Content-Length. Each
-answer is checked (status 200 and a marker the body must hold); anything else counts as an error,
-never as a fast success.
-
-A run is a warm-up, then a fixed measured window: a request counts when it completes inside the
-window, and its latency is what it took end to end. The process time the generator itself used over
-the window is returned with the samples, so its cost can be printed beside the server's throughput.
-This module imports only the standard library: the spawned child starts in a fraction of a second.
+A spawned process, one asyncio loop, one keep-alive connection per client; every request is prebuilt bytes and
+every answer is checked (status 200 and a marker), so an error never counts as a fast success. Standard library
+only: the child starts in a fraction of a second.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """py-spy on one shim worker over a measured window: the functions that take its time, by own and total share.
 
-py-spy (`pip install py-spy`, in the dev extra) samples the worker's Python stacks from outside, 100 times a
-second, without changing its code: `py-spy record --pid P --duration S --full-filenames --format raw` writes
-one line per distinct stack, `frame;frame;...;leaf count`, each frame `function (file:line)`.
-
-py-spy leaves out threads it sees idle, but a thread blocked in a C call made from Python (a queue's get,
-a Condition's wait, select, the gevent hub's loop) often still looks busy to it. So each sample's leaf line
-is read from the source: a leaf at a blocking call (BLOCKING) is a thread waiting, not working; those samples
-are counted apart and the shares below are of the working samples. `own` is the share of working samples
-where the function was the leaf (its own code and the C calls it made: Pillow's decoder, numpy), `total`
-the share where it was anywhere on the stack (each sample counted once), per function.
-
-A second py-spy records the same worker at the same time with `--gil --nonblocking`: only the thread that
-holds the GIL, which is the Python work that the worker's threads must take turns at. Its samples over
-the window's length say how much of the time the GIL was held at all (near 100 %: the worker is bound by
-its GIL, and more threads cannot help it; more processes can).
+py-spy often sees a thread blocked in a C call (a queue's get, select) as busy: a sample whose leaf line is a
+blocking call (BLOCKING, read from the source) counts as waiting and is left out of the shares. A second py-spy
+with `--gil --nonblocking` samples only the GIL holder: its share of the window says whether the worker is
+bound by its GIL (more processes help it, more threads do not).
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""Reproduce the seed's Flask-vs-Triton table on this machine, in one run: `make bench` (`python -m bench`).
+"""`python -m bench` (make bench): the seed's Flask-vs-Triton table, reproduced on this machine in one run.
 
-    python -m bench                       # resnet50, clients 1,4,16,32, 5 s warm-up + 20 s per row
-    python -m bench --quick               # resnet18, clients 1,8, 1 s + 3 s per row: under 2 minutes
-    python -m bench --triton-url localhost:8000 --shim-url http://localhost:5000   # a running deployment
-
-Configurations (--configs names), each started by the tool itself on loopback (free ports), one at a time:
-  (1) legacy            examples/legacy_app.py under gunicorn, one process (the "before")
-  (2) triton-instances  the shim -> Triton with 2 model instances, no dynamic batching, and the shim's own
-                        batcher off (SHIM_MAX_BATCH_SIZE=1): no batching anywhere, as in the seed's row
-  (3) triton-batching   the shim (its defaults) -> Triton with 2 instances and dynamic batching
-  (0) direct            ready-made FP32 tensors, one image per request, straight to the Triton of (3): the ceiling
-  (4) litserve          a peer: the same model behind LitServe 0.2.19 (bench/litserve_app.py), batches of 8 / 10 ms
-The Triton configs of (2) and (3) are triton_repo's, read as ModelConfig protobufs with only the dynamic
-batching and instance count changed, served by the embedded Triton (a CPU copy, as `make triton` does).
-
-A load generator in its own process (bench/loadgen.py) drives each with real multipart JPEG uploads,
-closed loop, for a warm-up and then a measured window; its own ceiling is measured first against a stub.
-Output in bench/out/<time>-<arch>/ (or --out): results.json, results.md, results.png, requests.csv
-(every request's latency), logs/.
+Configurations (--configs), each started by the tool on loopback in turn: (1) legacy, examples/legacy_app.py in
+one process; (2) triton-instances, 2 instances and no batching anywhere; (3) triton-batching, the shim's
+defaults and dynamic batching; (0) direct, ready FP32 tensors to (3)'s Triton; (4) litserve, a peer.
+Output in bench/out/<time>-<arch>/ (--out): results.json, .md, .png, requests.csv, logs/ (docs/benchmarks.md).
 """
 
 from __future__ import annotations

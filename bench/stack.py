@@ -1,10 +1,5 @@
 """What the benchmarks share: the model, Triton variants of triton_repo, the servers, the machine, metrics.
-
-Nothing here writes into triton_repo/: models are exported into .cache/bench-models/ (reused while the
-architecture matches) and every Triton configuration is a variant repository in the run's own folder,
-its config read from triton_repo as a ModelConfig protobuf (devstack.cpu_repo.read_config),
-changed only where the configuration differs, and served by the embedded Triton, which makes its CPU
-copy exactly as `make triton` does.
+Nothing is written into triton_repo/: models go to .cache/bench-models/, variants into the run's folder.
 """
 
 from __future__ import annotations
