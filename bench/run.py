@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.settings import TRANSPORTS as SHIM_TRANSPORTS
 from bench import stack
 from bench.loadgen import Job, LoadGenerator, Outcome, StubServer, multipart_request, post_request
 from bench.report import NUMBER, ORDER, SEED_ROWS, cpu_columns, markdown, plot, ratios, summarize
@@ -34,14 +35,7 @@ ROOT = stack.ROOT
 CONFIGS = ORDER
 
 
-def shim_transports() -> tuple[str, ...]:
-    """The shim's SHIM_TRANSPORT values, one front-end row each: its own list (app.settings.TRANSPORTS)."""
-    from app import settings
-
-    return tuple(settings.TRANSPORTS)
-
-
-TRANSPORTS = shim_transports()
+TRANSPORTS = tuple(SHIM_TRANSPORTS)  # the shim's SHIM_TRANSPORT values: one front-end row each
 DEFAULTS = {"arch": "resnet50", "duration": 20.0, "warmup": 5.0, "concurrency": "1,4,16,32"}
 QUICK = {"arch": "resnet18", "duration": 3.0, "warmup": 1.0, "concurrency": "1,8"}
 FRONT_DEFAULTS = {"duration": 20.0, "warmup": 5.0, "concurrency": "16"}  # --frontend
@@ -114,21 +108,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.shim_threads = args.shim_threads or stack.shim_default("threads")
     if args.frontend and args.both:
         p.error("--both already runs the front-end rows: drop --frontend")
+    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if args.frontend:
         for flag in ("configs", "triton_url", "shim_url", "legacy_url", "model_pt", "triton_metrics_url"):
             if getattr(args, flag) not in (None, p.get_default(flag)):
                 p.error(f"--{flag.replace('_', '-')} belongs to the Flask-vs-Triton benchmark, not --frontend "
                         "(which starts its own near-free Triton, shim and legacy front)")
-        args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
         if not args.transports or len(set(args.transports)) < len(args.transports):
             p.error(f"--transports {','.join(args.transports)!r}: expected distinct names, e.g. {','.join(TRANSPORTS)}")
         for name in ("floor_processes", "shim_workers", "shim_threads", "legacy_workers"):
             if getattr(args, name) is not None and not 1 <= getattr(args, name) <= 256:
                 p.error(f"--{name.replace('_', '-')} must be from 1 to 256")
-    elif not args.both and (args.profile or args.transports != p.get_default("transports")):
+    elif not args.both and (args.profile or args.transports != list(TRANSPORTS)):
         p.error("--profile and --transports need --frontend or --both")
-    if isinstance(args.transports, str):
-        args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     args.explicit = {k for k in ("duration", "warmup", "concurrency", "legacy_threads") if getattr(args, k) is not None}
     if args.legacy_threads is None:
         args.legacy_threads = 8 if args.frontend else 4

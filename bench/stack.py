@@ -58,9 +58,7 @@ def shim_default(name: str) -> Any:
 
 
 def shim_layout(workers: int, threads: int) -> dict[str, str]:
-    """SHIM_* settings for a shim with these workers and threads: the shim's threads are its admission bound
-    (SHIM_MAX_PENDING) + SPARE_THREADS, so the bound is threads - SPARE_THREADS (at least 1), and a layout with
-    fewer threads than clients answers the excess with 503s."""
+    """SHIM_* settings for these workers and threads: the shim runs SHIM_MAX_PENDING + SPARE_THREADS threads."""
     from app.settings import SPARE_THREADS
 
     return {"SHIM_WORKERS": str(workers), "SHIM_MAX_PENDING": str(max(1, threads - SPARE_THREADS))}
@@ -156,8 +154,7 @@ def triton_pid(triton: EmbeddedTriton) -> int:
 
 @contextlib.contextmanager
 def standin_triton(prefix: str, encoded: bool) -> Iterator[tuple[Path, Path, EmbeddedTriton]]:
-    """(work folder, repository, Triton): the wheel's Triton on the near-free stand-in repository
-    (modelrepo/standin.py: the model costs almost nothing), all in a temporary folder removed after."""
+    """(work folder, repository, Triton) on the near-free stand-in repository, in a temporary folder."""
     from modelrepo.standin import write_standin_repo
 
     work = Path(tempfile.mkdtemp(prefix=prefix))
@@ -173,8 +170,7 @@ def standin_triton(prefix: str, encoded: bool) -> Iterator[tuple[Path, Path, Emb
 
 
 def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
-    """gunicorn's workers, once all `count` have forked and the whole tree is idle: the first answer may come
-    while another worker still imports its app (torch, for the legacy app)."""
+    """gunicorn's workers, once all `count` have forked and the tree is idle (others may still import torch)."""
     from bench import cpu
     from devstack.waiting import wait_until
 
@@ -186,8 +182,7 @@ def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
 
 @contextlib.contextmanager
 def serve_shim(logs: Path, env: dict[str, str], stopper: Stopper, workers: int | None = None) -> Iterator[Any]:
-    """The shim under gunicorn with `env`, ready (and, given `workers`, all of them forked and idle); it stops
-    in the background after."""
+    """The shim with `env`, ready (and, given `workers`, all forked and idle); stopped in the background after."""
     print(f"starting the shim ({', '.join(f'{k}={v}' for k, v in env.items())}) ...", flush=True)
     served = launch.start_shim(logs, env)
     try:
@@ -200,12 +195,8 @@ def serve_shim(logs: Path, env: dict[str, str], stopper: Stopper, workers: int |
 
 
 class Stopper:
-    """Servers that stop in the background while the next one starts; settle() waits for all of them.
-
-    A Triton takes seconds to stop (it drains, then unloads every python-backend stub) and gunicorn waits
-    for its workers: none of it needs to hold up the next server's start. Every measured window settles
-    first, so no window ever shares the machine with a server that is still stopping.
-    """
+    """Servers that stop in the background (a Triton takes seconds) while the next one starts; every measured
+    window settles first, so that none shares the machine with a server still stopping."""
 
     def __init__(self) -> None:
         self._threads: list[threading.Thread] = []
@@ -239,32 +230,22 @@ class Stopper:
 # -- requests ------------------------------------------------------------------------------------------------
 
 @functools.cache
-def _jpegs(count: int, width: int, height: int) -> tuple[bytes, ...]:
+def sample_jpegs(count: int, width: int = 640, height: int = 480) -> tuple[bytes, ...]:
+    """`count` different photo-like JPEGs (quality 90), the same on every machine (made once per process)."""
     return tuple(encode(photo(width, height, seed=seed), "JPEG", quality=90) for seed in range(count))
 
 
-def sample_jpegs(count: int, width: int = 640, height: int = 480) -> list[bytes]:
-    """`count` different photo-like JPEGs (quality 90), the same on every machine (made once per process)."""
-    return list(_jpegs(count, width, height))
-
-
 def ready_tensors(jpegs: Iterable[bytes], spec: ImageSpec | None = None) -> list[Any]:
-    """Each JPEG as the shim would send it to Triton: FP32 [1, 3, crop, crop] (the model's description's
-    preprocessing; resnet50's by default), made once before the run."""
+    """Each JPEG as the shim sends it to Triton: FP32 [1, 3, crop, crop] (resnet50's preprocessing by default)."""
     spec = spec or ImageSpec()
     return [to_tensor(decode(jpeg, spec), spec)[None] for jpeg in jpegs]
 
 
 # -- HTTP helpers --------------------------------------------------------------------------------------------
 
-def http_get(url: str, timeout_s: float = 5) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        body: bytes = response.read()
-        return body
-
-
 def http_json(url: str, timeout_s: float = 5) -> Any:
-    return json.loads(http_get(url, timeout_s))
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read())
 
 
 def split_url(url: str) -> tuple[str, int]:
@@ -282,10 +263,8 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(url: str, timeout_s: float = 60) -> Samples | None:
-    """Every sample of a Prometheus endpoint (devstack.promtext), keyed by (name, labels); None when unreadable.
-
-    The timeout is long: under load the shim's /metrics waits for a gunicorn thread like any request.
-    """
+    """Every sample of a Prometheus endpoint, keyed by (name, labels); None when unreadable. The timeout is
+    long: under load the shim's /metrics waits for a gunicorn thread like any request."""
     from devstack import promtext
 
     try:
@@ -296,10 +275,7 @@ def scrape(url: str, timeout_s: float = 60) -> Samples | None:
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of `name` over every label set that matches `labels`.
-
-    The parser names a counter's samples `<name>_total` whether or not the exposition did (Triton's do not).
-    """
+    """The sum of `name` (or `<name>_total`: the parser's name for a counter) over the label sets matching."""
     want, names = set(labels.items()), {name, name + "_total"}
     return sum(v for (n, ls), v in samples.items() if n in names and want <= ls)
 
@@ -365,10 +341,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _memory_gib() -> float:
-    return round(psutil.virtual_memory().total / 1024**3, 1)
-
-
 def gpus() -> list[dict[str, str]]:
     """GPUs from nvidia-smi where present, else from torch.cuda; [] on a CPU-only machine."""
     if shutil.which("nvidia-smi"):
@@ -410,7 +382,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
-        "memory_gib": _memory_gib(),
+        "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
         "gpus": gpus(),
         "os": platform.platform(),
         "python": platform.python_version(),
