@@ -6,24 +6,17 @@ for numpy, tritonclient or matplotlib.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    if "--memory" in given:
-        from bench import memory
-
-        return memory.main(memory.parse_args(given))
-    if "--clients" in given:
-        from bench import clients
-
-        return clients.main(clients.parse_args(given))
-    if "--ab" in given:
-        from bench import ab
-
-        return ab.main(ab.parse_args(given))
+    for mode in ("memory", "clients", "ab"):  # modes of their own, each with its own arguments
+        if f"--{mode}" in given:
+            module = importlib.import_module(f"bench.{mode}")
+            return int(module.main(module.parse_args(given)))
     from bench import frontend, run
 
     args = run.parse_args(argv)

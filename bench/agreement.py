@@ -211,16 +211,6 @@ def markdown(rows: Sequence[Row], summary: dict[str, Any], where: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def decode_repo(dest: Path, description: ModelDescription) -> Path:
-    """A repository holding only the description's decode step, as generated (its CPU copy is what the embedded
-    Triton serves)."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    write_decode_step(description, dest)
-    return dest
-
-
 def write_decode_step(description: ModelDescription, repo: Path) -> str:
     """The description's generated decode step (configs and its model.py copy) into `repo`; returns its name."""
     from modelrepo import generate as model_repo
@@ -257,7 +247,8 @@ def main(argv: Sequence[str] | None = None, on_ready: Callable[[DecodeStep], Non
             from bench import stack
 
             print("agreement: starting the wheel's Triton with the decode step's CPU copy ...", flush=True)
-            server = stack.start_triton(decode_repo(work / "repo", description), work / "triton")
+            write_decode_step(description, work / "repo")  # a repository of the decode step alone
+            server = stack.start_triton(work / "repo", work / "triton")
             url = server.http_url
         step = DecodeStep(url, args.model or description.decode_model)
         if on_ready is not None:

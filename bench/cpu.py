@@ -52,16 +52,14 @@ def descendants(roots: Iterable[int], table: Mapping[int, Stat]) -> set[int]:
 
 @dataclass
 class Snapshot:
-    """Per group: {pid: (own seconds, reaped children's seconds)} of every member at one moment; and the whole
-    machine's (busy, idle) seconds, summed over its CPUs."""
+    """Per group {pid: (own, reaped children's) seconds} of every member, and the machine's (busy, idle) seconds."""
 
     groups: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
     machine: tuple[float, float] = (0.0, 0.0)
 
 
 def machine_seconds() -> tuple[float, float]:
-    """(busy, idle) seconds of all CPUs since boot: user nice system irq softirq steal (guest time is already
-    inside user), and idle iowait (psutil's fields; other platforms than Linux lack some)."""
+    """(busy, idle) seconds of all CPUs since boot (guest time is inside user already)."""
     t = psutil.cpu_times()
 
     def get(name: str) -> float:
@@ -82,8 +80,7 @@ MACHINE = "machine"  # the whole machine's busy CPU, beside the groups: what the
 
 
 def window_seconds(start: Snapshot, end: Snapshot) -> dict[str, dict[str, float]]:
-    """Per group: CPU seconds used between the snapshots, and how many processes the group had; plus
-    MACHINE: every CPU's busy and idle seconds."""
+    """Per group: CPU seconds between the snapshots and its processes; MACHINE: all CPUs' busy and idle seconds."""
     out = {}
     for name, at_end in end.groups.items():
         at_start = start.groups.get(name, {})
@@ -111,9 +108,7 @@ def children_of(pid: int) -> list[int]:
 
 
 def wait_idle(roots: Iterable[int], busy_below: float = 0.1, interval_s: float = 0.3, timeout_s: float = 60) -> float:
-    """Wait until the process trees under `roots` use less than `busy_below` of one core over `interval_s`
-    (a server whose first worker answers while the others still import torch is not ready to be measured);
-    returns the seconds waited. Gives up quietly after timeout_s."""
+    """Wait (at most timeout_s, quietly) until the trees under `roots` use under `busy_below` of a core."""
     roots = tuple(roots)
     started = time.monotonic()
     previous = snapshot({"g": roots})

@@ -205,9 +205,8 @@ def bench_description(root: Path, dest: Path) -> Any:
 
 
 def build_repo(dest: Path, plan: Plan, root: Path = ROOT) -> Path:
-    """triton_repo as committed, its generated files (configs, the decode steps' model.py) written from the
-    descriptions here and now, labels and TorchScript exported, the bench model beside it; then checked as the
-    embedded server checks a repository (a file missing or a config edited behind its description fails here)."""
+    """triton_repo with its generated files written from the descriptions here, labels and models exported,
+    the bench model beside it; then checked as the embedded server checks a repository."""
     from app.description import load
     from devstack.cpu_repo import model_dirs
     from modelrepo import generate
@@ -263,9 +262,8 @@ def start_triton(repo: Path, work: Path, plan: Plan) -> Any:
 # -- the steps --------------------------------------------------------------------------------------------------
 
 def closed_loop(url: str, call: Callable[[Any], int], threads: int, seconds: float, warmup_s: float) -> dict[str, Any]:
-    """`threads` threads calling call(client) in a loop (each returns the images it did): images/s over the
-    calls that began after the warmup, each thread going on past the window until it has finished one (a large
-    batch on a busy CPU may take longer than a short window)."""
+    """`threads` threads calling call(client) (the images it did): images/s of the calls begun after the warmup;
+    a thread goes on past the window until it has finished one (a large batch may outlast a short window)."""
     import tritonclient.http as httpclient
 
     done = [0] * threads
@@ -451,9 +449,8 @@ def decode_step(triton: Any, plan: Plan) -> dict[str, Any]:
 
 
 def shadow_tolerance(summary: dict[str, Any]) -> dict[str, Any]:
-    """SHIM_SHADOW_TOLERANCE for the encoded transport from this device's figures: the largest class-score
-    difference between the decode step's and the legacy path's answers over the forwarded corpus, doubled and
-    rounded up to one significant digit, so that the decoder's own difference never reads as a mismatch."""
+    """SHIM_SHADOW_TOLERANCE for the encoded transport: the largest score difference from the legacy path over
+    the forwarded corpus, doubled and rounded up to one digit (the decoder's own difference is no mismatch)."""
     import math
 
     figures = summary.get("forwarded") or summary["all"]

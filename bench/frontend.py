@@ -43,11 +43,8 @@ def model_interface(repo: Path, model: str = MODEL) -> tuple[str, list[int], str
 
 
 def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path:
-    """A scripted torch module with modelrepo/triton_models/near_free_classifier.py's arithmetic, saved at dest.
-
-    Logit k is the sum of the k-th of `classes` slices of the flattened input, the slices bounded by
-    numpy.linspace(0, size, classes + 1) as the stand-in's reduceat does; checked against it here.
-    """
+    """modelrepo/triton_models/near_free_classifier.py's arithmetic (logit k: the sum of the k-th of `classes`
+    slices of the input) as scripted torch, checked against the stand-in's reduceat and saved at dest."""
     import numpy as np
     import torch
 

@@ -26,10 +26,7 @@ NUMBER = {"direct": 0, "legacy": 1, "triton-instances": 2, "triton-batching": 3,
 
 
 def summarize(outcome: Outcome) -> dict[str, Any]:
-    """QPS and latency percentiles of the answers that completed inside the measured window.
-
-    Errors are counted, by kind, and left out of QPS and latency: a fast 503 is not a fast answer.
-    """
+    """QPS and latency percentiles of the good answers completed inside the window (a fast 503 is no answer)."""
     window = outcome.window_s
     measured = [i for i, end in enumerate(outcome.ends) if 0 <= end < window]
     good = [outcome.latencies[i] * 1000 for i in measured if not outcome.errors[i]]
@@ -243,9 +240,7 @@ TARGETS = (
 
 
 def cpu_columns(window: dict[str, dict[str, float]], images: int) -> dict[str, Any]:
-    """CPU over the window per process group (bench/cpu.py), the same in milliseconds per good answer, and
-    the machine as a whole: how idle it was, and the busy CPU that none of the groups explains ("other":
-    the benchmark's orchestrator, and whatever else ran on the machine)."""
+    """CPU per process group over the window, per good answer, and the machine's: idle, and busy beyond the groups."""
     groups = {g: w for g, w in window.items() if g != "machine"}
     out: dict[str, Any] = {"cpu": window,
                            "cpu_ms_per_image": {g: (1000 * w["cpu_s"] / images if images else None)
@@ -273,10 +268,7 @@ def _ratio(row: dict[str, Any], base: dict[str, Any] | None, key: str) -> float 
 
 
 def front_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per concurrency: every shim row against the floor and the legacy front, the best one named.
-
-    The floor has no clients (N processes); its one row is compared with every concurrency.
-    """
+    """Per concurrency: every shim row against the floor (its one row) and the legacy front, the best named."""
     floor = next((r for r in rows if r["kind"] == "floor"), None)
     out = []
     for c in sorted({r["concurrency"] for r in rows if r["kind"] == "shim"}):
@@ -353,12 +345,7 @@ def front_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def cpu_split(row: dict[str, Any]) -> dict[str, float] | None:
-    """A shim row's front CPU per image, split by the shim's own shim_cpu_seconds counters; None without them.
-
-    `rest of request` is the request thread's CPU in the app beyond its stages (Flask, the multipart parser,
-    routing, the JSON answer, metrics, the log line); `outside the app` is the rest of the process trees' CPU
-    from /proc (gunicorn's HTTP parsing and socket writes, its thread pool and poller, the master).
-    """
+    """A shim row's front CPU per image, split by the shim's own shim_cpu_seconds counters; None without them."""
     shim = (row.get("breakdown") or {}).get("shim") or {}
     front = (row.get("cpu_ms_per_image") or {}).get("shim")
     parts = {part: shim.get(f"cpu_{part}_ms") for part in CPU_PARTS}

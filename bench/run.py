@@ -316,8 +316,7 @@ class Run:
 
     def measure_one(self, target: Target, concurrency: int,
                     on_measure: Callable[[], None] | None = None) -> dict[str, Any]:
-        """One row: warm-up, measured window, and the metrics' deltas over that window; on_measure() is
-        called as the window opens (after the metrics are read)."""
+        """One row: warm-up, window and the metrics' deltas over it; on_measure() when the window opens."""
         before: dict[str, stack.Samples | None] = {}
 
         def scrape_before() -> None:  # called by drive() when the window opens
@@ -361,10 +360,8 @@ class Run:
             self._csv.writerow([config, concurrency, phase, f"{start:.6f}", f"{latency * 1000:.3f}", error])
 
     def ceiling(self, stub_port: int, tensors: bool) -> list[dict[str, Any]]:
-        """The load generator against a stub that answers at once: what it can send, and what that costs it.
-
-        The JPEG uploads at every concurrency; the direct configuration's tensor bodies (5x larger) at the highest.
-        """
+        """The load generator against a stub that answers at once: the uploads at every concurrency, the tensor
+        bodies (5x larger) at the highest."""
         url = f"http://127.0.0.1:{stub_port}"
         kinds = [("multipart JPEG", self.predict_requests(url), self.args.levels)]
         if tensors:
