@@ -59,41 +59,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", help=f"closed-loop clients, comma-separated (default {DEFAULTS['concurrency']})")
     p.add_argument("--configs", help=f"which configurations, comma-separated (default all: {','.join(CONFIGS)}; "
                                      "--quick, make test's: all but litserve)")
-    p.add_argument("--triton-url", help="an already-running Triton (host:port, e.g. from docker compose): "
-                                        "no local Triton is started and configuration (2) is skipped")
+    p.add_argument("--triton-url", help="a running Triton (host:port) instead of a local one; skips (2)")
     p.add_argument("--triton-metrics-url", help="its metrics (default: http://<triton host>:8002/metrics)")
-    p.add_argument("--shim-url", help="an already-running shim (e.g. http://localhost:5000) to measure as (3); "
-                                      "needs --triton-url, the Triton it forwards to")
+    p.add_argument("--shim-url", help="a running shim to measure as (3); needs --triton-url, its Triton")
     p.add_argument("--legacy-url", help="an already-running legacy app to measure as (1) instead of starting one")
     p.add_argument("--model-name", default="resnet50", help="the Triton model (default resnet50)")
-    p.add_argument("--model-repository", type=Path,
-                   help="benchmark the model described by <repository>/<model-name>/model.toml (its preprocessing, "
-                        "labels and exported model.pt; modelrepo/export.py) instead of an exported --arch")
-    p.add_argument("--legacy-transform",
-                   help="with --model-repository: the legacy app's transform, module:attribute (default: "
-                        "examples.transforms:<model-name>)")
-    p.add_argument("--legacy-threads", type=int,
-                   help="gunicorn threads of the legacy app (default 4; --frontend: 8 per worker)")
+    p.add_argument("--model-repository", type=Path, help="the model <repository>/<model-name>/model.toml describes")
+    p.add_argument("--legacy-transform", help="with --model-repository: the legacy app's transform, module:attribute "
+                                              "(default examples.transforms:<model-name>)")
+    p.add_argument("--legacy-threads", type=int, help="the legacy app's threads (default 4; --frontend: 8 per worker)")
     p.add_argument("--shim-workers", type=int,
                    help=f"the shim's gunicorn workers (default: the shim's own, {stack.shim_default('workers')})")
     p.add_argument("--shim-threads", type=int,
                    help=f"threads per shim worker (default: the shim's own, {stack.shim_default('threads')}); "
-                        "SHIM_MAX_PENDING becomes threads - 8 per worker (the shim keeps 8 spare threads), and "
-                        "clients beyond all workers' bound get 503s, counted as errors")
+                        "SHIM_MAX_PENDING becomes threads - 8: clients beyond it get 503s, counted as errors")
     p.add_argument("--loadgen-processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                    help="load generator processes sharing the clients (default: cores / 4, from 1 to 4)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
-    p.add_argument("--out", type=Path, help="output folder (default bench/out/<time>-<arch>, --frontend: "
-                                            "bench/out/<time>-frontend)")
+    p.add_argument("--out", type=Path, help="output folder (default bench/out/<time>-<arch> or -frontend)")
     front = p.add_argument_group("front-end mode (bench/frontend.py)")
     front.add_argument("--both", action="store_true",
-                       help="the Flask-vs-Triton configurations, then the front-end rows, in one process (into "
-                            "<out>/ and <out>/frontend/); --warmup, --duration and --concurrency, when given, "
-                            "apply to both, otherwise each its own (what the test suite runs, with --quick)")
+                       help="the Flask-vs-Triton rows, then the front-end rows (into <out>/frontend/); --warmup, "
+                            "--duration and --concurrency, when given, apply to both")
     front.add_argument("--frontend", action="store_true",
-                       help="the shim's CPU per image with a near-free model: the decode + preprocess floor, the "
-                            "legacy front, the shim per transport, direct; clients 16, 5 s + 20 s per row "
-                            "(--quick: 0.5 s + 1.5 s)")
+                       help="the shim's CPU per image around a near-free model: floor, legacy front, the shim per "
+                            "transport, direct; clients 16, 5 s + 20 s per row (--quick: 0.5 s + 1.5 s)")
     front.add_argument("--transports", default=",".join(TRANSPORTS),
                        help=f"the shim's SHIM_TRANSPORT values, one row each (default {','.join(TRANSPORTS)})")
     front.add_argument("--profile", action="store_true",
@@ -101,8 +91,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     front.add_argument("--floor-processes", type=int, help="processes of the floor row (default: usable cores)")
     front.add_argument("--legacy-workers", type=int, default=2, help="the legacy front's gunicorn workers (default 2)")
     front.add_argument("--no-wrk", action="store_true",
-                       help="skip the cross-check of each shim row with wrk (Debian's C load generator; installed "
-                            "with apt-get when missing and running as root)")
+                       help="skip the cross-check of each shim row with wrk (installed by apt-get as root)")
     args = p.parse_args(argv)
     args.shim_workers = args.shim_workers or stack.shim_default("workers")
     args.shim_threads = args.shim_threads or stack.shim_default("threads")
