@@ -120,8 +120,6 @@ def machine() -> dict[str, Any]:
     return info
 
 
-# -- stages a and b: what the server and its python backend need ------------------------------------------------
-
 def libraries() -> dict[str, Any]:
     """ldd of every binary the server loads from the wheel: each "not found" line, named by its file."""
     from devstack.wheel import find_wheel
@@ -181,8 +179,6 @@ def python_env(plan: Plan) -> dict[str, Any]:
         raise RuntimeError(f"CUDA is not available to torch {out['torch']} in the python backend's environment")
     return out
 
-
-# -- the repository ---------------------------------------------------------------------------------------------
 
 def bench_description(root: Path, dest: Path) -> Any:
     """The kit's own model for the model-only rows: resnet50's description under another name with
@@ -258,8 +254,6 @@ def start_triton(repo: Path, work: Path, plan: Plan) -> Any:
 
     return stack.start_triton(repo, work, plan.gpu, startup_timeout_s=300)
 
-
-# -- the steps --------------------------------------------------------------------------------------------------
 
 def closed_loop(url: str, call: Callable[[Any], int], threads: int, seconds: float, warmup_s: float) -> dict[str, Any]:
     """`threads` threads calling call(client) (the images it did): images/s of the calls begun after the warmup;
@@ -509,8 +503,6 @@ def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan, results: Results)
                 served.stop(graceful=False)
     return rows
 
-
-# -- the report -------------------------------------------------------------------------------------------------
 
 def markdown(data: dict[str, Any]) -> str:
     m, steps = data["machine"], data["steps"]

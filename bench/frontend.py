@@ -31,8 +31,6 @@ ROOT = stack.ROOT
 MODEL = "resnet50"
 
 
-# -- the near-free models -----------------------------------------------------------------------------------
-
 def model_interface(repo: Path, model: str = MODEL) -> tuple[str, list[int], str, int]:
     """(input name, input dims, output name, classes) from the repository's config.pbtxt."""
     from devstack.cpu_repo import read_config
@@ -75,8 +73,6 @@ def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path
     return dest
 
 
-# -- the servers --------------------------------------------------------------------------------------------
-
 @contextlib.contextmanager
 def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads: int,
                  stopper: stack.Stopper) -> Iterator[Any]:
@@ -118,8 +114,6 @@ def reported_transport(url: str) -> str:
             return transport
     return "unknown"
 
-
-# -- one run ------------------------------------------------------------------------------------------------
 
 class FrontRun:
     def __init__(self, args: argparse.Namespace, out: Path, loadgen: LoadGenerator,

@@ -228,8 +228,6 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-# -- the front-end benchmark (python -m bench --frontend) -----------------------------------------------------
-
 FRONT_KINDS = ("floor", "legacy", "shim", "direct", "profiled")
 # The targets, measured side by side in one run: (name, what, comparison, bound).
 TARGETS = (

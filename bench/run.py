@@ -225,8 +225,6 @@ class Run:
         finally:
             self._csv_file.close()
 
-    # -- requests ------------------------------------------------------------------------------------------------
-
     def predict_requests(self, url: str) -> tuple[bytes, ...]:
         host, port = stack.split_url(url)
         return tuple(multipart_request(host, port, "/predict", "image", f"photo-{i}.jpg", "image/jpeg", jpeg)
@@ -263,8 +261,6 @@ class Run:
             self.triton_server = stack.http_json(f"http://{host}:{port}/v2")
         self.triton_configs[config] = served
         return describe_triton_config(served)
-
-    # -- measuring -----------------------------------------------------------------------------------------------
 
     def job(self, url: str, requests: tuple[bytes, ...], expect: bytes, concurrency: int, warmup_s: float,
             duration_s: float) -> Job:
@@ -367,8 +363,6 @@ class Run:
                       f"{rows[-1]['errors']} errors", flush=True)
         return rows
 
-
-# -- the configurations ----------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path) -> Iterator[Any]:
@@ -509,8 +503,6 @@ def external_triton_configs(run: Run) -> None:
                 run.measure(shim_target(run, "triton-batching", url, triton_url, metrics,
                                         f"{gunicorn(run)}, the defaults"))
 
-
-# -- main ------------------------------------------------------------------------------------------------------
 
 def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     skipped = {}

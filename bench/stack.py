@@ -43,8 +43,6 @@ PACKAGES = ("torch", "torchvision", "tritonclient", "nvidia-pytriton", "flask", 
             "prometheus-client")
 
 
-# -- the shim ------------------------------------------------------------------------------------------------
-
 def shim_default(name: str) -> Any:
     """The shim's own default for one setting (app/settings.py), e.g. its gunicorn workers and threads."""
     import dataclasses
@@ -63,8 +61,6 @@ def shim_layout(workers: int, threads: int) -> dict[str, str]:
 
     return {"SHIM_WORKERS": str(workers), "SHIM_MAX_PENDING": str(max(1, threads - SPARE_THREADS))}
 
-
-# -- the model -----------------------------------------------------------------------------------------------
 
 def exported_model(arch: str, seed: int = 0) -> Path:
     """A seeded TorchScript `arch` under .cache/bench-models, exported on first use (never into triton_repo)."""
@@ -227,8 +223,6 @@ class Stopper:
             raise error
 
 
-# -- requests ------------------------------------------------------------------------------------------------
-
 @functools.cache
 def sample_jpegs(count: int, width: int = 640, height: int = 480) -> tuple[bytes, ...]:
     """`count` different photo-like JPEGs (quality 90), the same on every machine (made once per process)."""
@@ -240,8 +234,6 @@ def ready_tensors(jpegs: Iterable[bytes], spec: ImageSpec | None = None) -> list
     spec = spec or ImageSpec()
     return [to_tensor(decode(jpeg, spec), spec)[None] for jpeg in jpegs]
 
-
-# -- HTTP helpers --------------------------------------------------------------------------------------------
 
 def http_json(url: str, timeout_s: float = 5) -> Any:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
@@ -256,8 +248,6 @@ def split_url(url: str) -> tuple[str, int]:
         raise SystemExit(f"{url!r} is not host:port")
     return host, int(port)
 
-
-# -- Prometheus metrics --------------------------------------------------------------------------------------
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -329,8 +319,6 @@ def triton_breakdown(before: Samples, after: Samples, model: str) -> dict[str, f
         "mean_batch": ratio(d("nv_inference_count"), d("nv_inference_exec_count")),
     }
 
-
-# -- the machine ---------------------------------------------------------------------------------------------
 
 def _cpu_model() -> str:
     # psutil has no CPU model name: Linux's /proc/cpuinfo says it, platform.processor() elsewhere (often "").
