@@ -173,13 +173,10 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Where the time goes",
         "",
-        "Means over each measured run, in ms, from the shim's /metrics and Triton's metrics (deltas over the run). "
-        "`client mean` is what the load generator saw; `in shim` is the shim's own request timer, the rest is "
-        "HTTP and waiting for a gunicorn thread. `shim queue` is the wait in the shim's batcher, `infer /batch` "
-        "one Triton round trip per batch; `Triton queue` and `Triton compute` are per request inside Triton "
-        "(a batched request counts its whole batch's compute); batches are images per call. `load gen CPU` is the "
-        "load generator's own CPU time over the run, in % of one core; `load avg` is the machine's 1-minute load "
-        "average before / after the run, where other work on the machine shows.",
+        "Means over each window, in ms, from the shim's and Triton's metrics: `in shim` is the shim's request "
+        "timer (the rest of `client mean` is HTTP and the wait for a thread), `infer /batch` one Triton round trip, "
+        "`Triton queue` and `compute` per request inside Triton; batches are images per call; `load gen CPU` in % "
+        "of one core; `load avg` the 1-minute load before / after, where other work shows.",
         "",
         *breakdown_table(rows),
         "",
@@ -364,14 +361,11 @@ def cpu_split_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     if not any(s for _, s in split):
         return []
     lines = ["## Where the shim's CPU goes", "",
-             "Milliseconds of CPU per image, from the shim's own `shim_cpu_seconds_total` counters (each thread's "
-             "CPU clock, waits excluded) over the same window, against its process trees' CPU from /proc (`front`). "
-             "`decode` and `preprocess` are the floor's work done inside the shim; `rest of request` is the "
-             "request thread's other work in the app (Flask, the multipart parser, routing, scores, the JSON "
-             "answer, metrics, the log line); `batch senders` builds, sends and reads the calls to Triton; "
-             "`outside the app` is gunicorn (HTTP parsing, socket writes, its thread pool and poller) and the "
-             "master." + (f" The floor row spends {_ms(floor, 'floor')} ms per image on decode + FP32 preprocess."
-                          if floor else ""), "",
+             "ms of CPU per image from the shim's `shim_cpu_seconds_total` counters over the same window, against "
+             "its process trees' (`front`): `rest of request` is the request thread's other work in the app (Flask, "
+             "multipart, scores, JSON, metrics, log), `batch senders` the calls to Triton, `outside the app` "
+             "gunicorn and the master." + (f" The floor spends {_ms(floor, 'floor')} ms per image." if floor else ""),
+             "",
              _row(["row", "clients", "front CPU ms/img", *CPU_SPLIT, "beyond decode + preprocess"]),
              _row(["---", *["--:"] * (len(CPU_SPLIT) + 3)])]
     for r, s in split:
@@ -398,12 +392,10 @@ def profile_lines(profile: dict[str, Any] | None) -> list[str]:
              f"the {profile['seconds']:g} s measured window of one more run, at {profile['rate']} Hz "
              f"({_f(profile.get('qps'))} images/s while profiled: py-spy pauses the worker for each sample).",
              "",
-             f"Working threads: {samples} thread samples that py-spy did not see as idle; {t['waiting_samples']} of "
-             f"them ({_f(100 * t['waiting_samples'] / samples if samples else None, 0)} %) were a thread blocked "
-             f"in a call (a queue, a lock, select: {waiting or 'none'}) and are left out. The shares are of the "
-             f"other {t['working_samples']}: own = the function's own code and the C calls it made (Pillow's "
-             "decoder, numpy; a thread that waits to take the GIL back after such a call counts there too), "
-             "total = anywhere on the stack.",
+             f"{samples} thread samples py-spy saw busy; {t['waiting_samples']} "
+             f"({_f(100 * t['waiting_samples'] / samples if samples else None, 0)} %) were blocked in a call "
+             f"({waiting or 'none'}) and are left out. Shares of the other {t['working_samples']}: own = the "
+             "function's code and its C calls, total = anywhere on the stack.",
              ""]
     split = profile["working"].get("stages") or {}
     if split:
@@ -432,17 +424,11 @@ def front_markdown(report: dict[str, Any]) -> str:
         *intro(report, "tritonclient"),
         f"Closed loop, {s['warmup_s']:g} s warm-up (discarded) then {s['duration_s']:g} s measured per row; "
         f"each client uploads one of {s['images']} different {s['image_size']} JPEGs. The model is "
-        f"{report['model']['description']}. CPU columns: milliseconds of CPU (user + system) per good answer, "
-        "over the measured window, of whole process trees read from /proc: `front` is the shim's gunicorn "
-        "master and workers (the legacy app's for the legacy row, the floor's processes for the floor), "
-        "`Triton` tritonserver and its python-backend stubs, `loadgen` the load generator, `other` the busy CPU "
-        "of the machine (/proc/stat) that none of those explains: the benchmark's orchestrator, and anything "
-        "else running on the machine; `idle %` the share of all cores' time left idle. A row whose `other` is "
-        "more than a few tenths of a ms shared the machine with other work: compare it with care. `CPU-bound "
-        "images/s` = cores x 1000 / (the row's front + Triton + loadgen CPU ms per image): what the row's own "
-        "processes would serve if they had the machine to themselves and kept it busy, the number to compare "
-        "when other work took CPU during a window (it is not a measurement, and it overstates a row that "
-        "leaves cores idle when alone).",
+        f"{report['model']['description']}. CPU columns: ms of CPU per good answer over the window, of whole "
+        "process trees (/proc): `front` the server under test (or the floor's processes), `Triton` with its "
+        "stubs, `loadgen`, and `other`, the machine's busy CPU none of those explains (a row with more than a "
+        "few tenths of a ms shared the machine: compare it with care). `CPU-bound images/s` = cores x 1000 / "
+        "(front + Triton + loadgen ms per image): an estimate of the row alone on the machine, not a measurement.",
         "",
         "## Rows",
         "",
