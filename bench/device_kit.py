@@ -42,7 +42,6 @@ class Plan:
     warmup_s: float
     window_s: float
     decode_s: float
-    corpus_limit: int | None
     gpu: bool
     shim_workers: int
     loadgen_processes: int
@@ -52,11 +51,10 @@ class Plan:
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 CONNECTIONS = (16, 64, 256)
 FULL = Plan(arch="resnet50", batches=BATCHES, connections=CONNECTIONS, warmup_s=2.0, window_s=5.0,
-            decode_s=8.0, corpus_limit=None, gpu=True,
-            shim_workers=max(2, len(os.sched_getaffinity(0)) // 2), loadgen_processes=4)
+            decode_s=8.0, gpu=True, shim_workers=max(2, len(os.sched_getaffinity(0)) // 2), loadgen_processes=4)
 # The dry run's connections are scaled to 2 cores and one shim worker (256 there are answered 503 overloaded).
 DRY = Plan(arch="resnet18", batches=BATCHES, connections=(4, 8, 16), warmup_s=0.2, window_s=0.6, decode_s=0.6,
-           corpus_limit=None, gpu=False, shim_workers=1, loadgen_processes=1, near_free=True)
+           gpu=False, shim_workers=1, loadgen_processes=1, near_free=True)
 
 
 class Results:
@@ -431,7 +429,7 @@ def decode_step(triton: Any, plan: Plan) -> dict[str, Any]:
     reference = reference_model.reference()
     step = agreement.DecodeStep(triton.http_url, reference.decode_model)
     try:
-        rows, summary = agreement.measure(corpus.cached(limit=plan.corpus_limit), step, reference,
+        rows, summary = agreement.measure(corpus.cached(), step, reference,
                                           concurrency=16 if plan.gpu else 2)
     finally:
         step.close()
