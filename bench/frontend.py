@@ -17,6 +17,8 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,9 @@ from bench import profile as pyspy
 from bench.loadgen import LoadGenerator
 from bench.report import cpu_columns, cpu_split, front_markdown, front_ratios, summarize
 from bench.run import IMAGE_SIZE, IMAGES, Run, Target, finish
+from devstack import launch
+from devstack.cpu_repo import read_config
+from modelrepo.standin import write_standin_repo
 
 ROOT = stack.ROOT
 MODEL = "resnet50"
@@ -33,8 +38,6 @@ MODEL = "resnet50"
 
 def model_interface(repo: Path, model: str = MODEL) -> tuple[str, list[int], str, int]:
     """(input name, input dims, output name, classes) from the repository's config.pbtxt."""
-    from devstack.cpu_repo import read_config
-
     config = read_config(repo / model / "config.pbtxt")
     (inp,), (out,) = config.input, config.output
     return inp.name, [int(d) for d in inp.dims], out.name, int(out.dims[-1])
@@ -77,8 +80,6 @@ def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path
 def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads: int,
                  stopper: stack.Stopper) -> Iterator[Any]:
     """examples/legacy_app.py under gunicorn, `workers` x `threads` (gthread), on a free port."""
-    from devstack import launch
-
     port = launch.free_port()
     env = {**os.environ, "LEGACY_MODEL_PATH": str(model_pt), "LEGACY_LABELS_PATH": str(labels)}
     cmd = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
@@ -101,9 +102,6 @@ def shim_env(triton_url: str, transport: str, workers: int, threads: int) -> dic
 
 def reported_transport(url: str) -> str:
     """What the shim says it uses: /readyz's "transport", "unknown" when /readyz does not answer."""
-    import urllib.error
-    import urllib.request
-
     with contextlib.suppress(OSError, ValueError):
         try:
             body = urllib.request.urlopen(url + "/readyz", timeout=10).read()
@@ -231,8 +229,6 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
           f"{args.duration:g} s per row: {rows_planned} rows, about "
           f"{(rows_planned * (args.warmup + args.duration) + 15 + 8 * rows_planned) / 60:.0f} min; output in {out}",
           flush=True)
-
-    from modelrepo.standin import write_standin_repo
 
     repo = write_standin_repo(out / "standin_repo", keep_torch_models="encoded" in args.transports)
     input_name, dims, output_name, classes = model_interface(repo)

@@ -20,8 +20,10 @@ import psutil
 
 from app.admission import DECODE_SLOTS
 from app.preprocess import MAX_IMAGE_PIXELS
+from app.settings import Settings
 from bench.stack import ROOT, standin_triton
 from devstack import launch
+from devstack.proxy import free_udp_port
 
 BOUNDARY = "benchmemoryboundary"
 
@@ -72,9 +74,6 @@ def post(port: int, body: bytes, timeout_s: float) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from app.settings import Settings
-    from devstack.proxy import free_udp_port
-
     given = {k: v for k, v in os.environ.items() if k.startswith("SHIM_")}
     settings = Settings.from_env(given)
     uploads = args.uploads or settings.max_pending

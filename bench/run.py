@@ -30,6 +30,8 @@ from app.settings import TRANSPORTS as SHIM_TRANSPORTS
 from bench import stack
 from bench.loadgen import Job, LoadGenerator, Outcome, StubServer, multipart_request, post_request
 from bench.report import NUMBER, ORDER, SEED_ROWS, cpu_columns, markdown, plot, ratios, summarize
+from devstack import launch
+from modelrepo.export import write_labels
 
 ROOT = stack.ROOT
 CONFIGS = ORDER
@@ -394,8 +396,6 @@ def gunicorn(run: Run) -> str:
 
 
 def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
-    from devstack import launch
-
     label = "(1) legacy Flask app, 1 process"
     if run.args.legacy_url:
         url = run.args.legacy_url.rstrip("/")
@@ -424,8 +424,6 @@ def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
 
 def run_litserve(run: Run, model_pt: Path, labels: Path) -> None:
     """The peer: bench/litserve_app.py (LitServe 0.2.19, batches of 8 within 10 ms, the legacy transform)."""
-    from devstack import launch
-
     port = launch.free_port()
     env = {**os.environ, "LITSERVE_MODEL_PATH": str(model_pt), "LITSERVE_LABELS_PATH": str(labels),
            "LITSERVE_PORT": str(port)}
@@ -560,8 +558,6 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
         model_pt = stack.exported_model(arch)
     work = Path(tempfile.mkdtemp(prefix="shim-bench-"))
     labels = work / "labels.txt"
-    from modelrepo.export import write_labels
-
     if args.description is not None:
         shutil.copyfile(args.description.labels, labels)
     else:

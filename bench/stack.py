@@ -5,6 +5,7 @@ Nothing is written into triton_repo/: models go to .cache/bench-models/, variant
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import json
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from google.protobuf import text_format
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench`
@@ -30,11 +32,13 @@ if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench
 
 from app.metrics import CPU_PARTS  # noqa: E402
 from app.preprocess import ImageSpec, decode, to_tensor  # noqa: E402
-from devstack import (  # noqa: E402
-    EmbeddedTriton,
-    EmbeddedTritonConfig,
-    launch,
-)
+from app.settings import SPARE_THREADS, Settings  # noqa: E402
+from bench import cpu  # noqa: E402
+from devstack import EmbeddedTriton, EmbeddedTritonConfig, launch, promtext  # noqa: E402
+from devstack.cpu_repo import read_config  # noqa: E402
+from devstack.waiting import wait_until  # noqa: E402
+from modelrepo.export import ARCHS, build_model, read_export_info, save_torchscript, write_labels  # noqa: E402
+from modelrepo.standin import write_standin_repo  # noqa: E402
 from tests.sample_images import encode, photo  # noqa: E402
 
 TRITON_REPO = ROOT / "triton_repo"
@@ -45,10 +49,6 @@ PACKAGES = ("torch", "torchvision", "tritonclient", "nvidia-pytriton", "flask", 
 
 def shim_default(name: str) -> Any:
     """The shim's own default for one setting (app/settings.py), e.g. its gunicorn workers and threads."""
-    import dataclasses
-
-    from app.settings import Settings
-
     if name == "threads":  # derived from the admission bound
         return Settings().threads
 
@@ -57,15 +57,11 @@ def shim_default(name: str) -> Any:
 
 def shim_layout(workers: int, threads: int) -> dict[str, str]:
     """SHIM_* settings for these workers and threads: the shim runs SHIM_MAX_PENDING + SPARE_THREADS threads."""
-    from app.settings import SPARE_THREADS
-
     return {"SHIM_WORKERS": str(workers), "SHIM_MAX_PENDING": str(max(1, threads - SPARE_THREADS))}
 
 
 def exported_model(arch: str, seed: int = 0) -> Path:
     """A seeded TorchScript `arch` under .cache/bench-models, exported on first use (never into triton_repo)."""
-    from modelrepo.export import build_model, read_export_info, save_torchscript
-
     target = MODEL_CACHE / f"{arch}-seed{seed}.pt"
     info: dict[str, object] = {"arch": arch, "seed": seed}
     existing = read_export_info(target) or {}
@@ -75,8 +71,6 @@ def exported_model(arch: str, seed: int = 0) -> Path:
 
 
 def model_arch(model_pt: Path) -> str:
-    from modelrepo.export import read_export_info
-
     return str((read_export_info(model_pt) or {}).get("arch", "unknown"))
 
 
@@ -92,11 +86,6 @@ class Variant:
 def variant_repo(dest: Path, variant: Variant, model_pt: Path, *, source: Path = TRITON_REPO,
                  model: str = "resnet50") -> Path:
     """A one-model repository at dest/<variant>: the committed config with only `variant`'s changes."""
-    from google.protobuf import text_format
-
-    from devstack.cpu_repo import read_config
-    from modelrepo.export import ARCHS, write_labels
-
     config = read_config(source / model / "config.pbtxt")
     if variant.dynamic_batching and not config.HasField("dynamic_batching"):
         raise SystemExit(f"{source / model}/config.pbtxt has no dynamic_batching block for variant {variant.name}")
@@ -139,8 +128,6 @@ def stop_keeping_log(triton: EmbeddedTriton, log: Path) -> None:
 
 def triton_pid(triton: EmbeddedTriton) -> int:
     """The tritonserver process serving on triton's HTTP port, found by its command line."""
-    from bench import cpu
-
     port = f"--http-port={triton.config.http_port}"
     pids = cpu.find_pids(lambda argv: Path(argv[0]).name == "tritonserver" and port in argv)
     if len(pids) != 1:
@@ -151,8 +138,6 @@ def triton_pid(triton: EmbeddedTriton) -> int:
 @contextlib.contextmanager
 def standin_triton(prefix: str, encoded: bool) -> Iterator[tuple[Path, Path, EmbeddedTriton]]:
     """(work folder, repository, Triton) on the near-free stand-in repository, in a temporary folder."""
-    from modelrepo.standin import write_standin_repo
-
     work = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         repo = write_standin_repo(work / "standin_repo", keep_torch_models=encoded)
@@ -167,9 +152,6 @@ def standin_triton(prefix: str, encoded: bool) -> Iterator[tuple[Path, Path, Emb
 
 def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
     """gunicorn's workers, once all `count` have forked and the tree is idle (others may still import torch)."""
-    from bench import cpu
-    from devstack.waiting import wait_until
-
     deadline = time.monotonic() + timeout_s
     wait_until(lambda: len(cpu.children_of(pid)) >= count, timeout_s, f"{count} gunicorn workers", interval_s=0.1)
     cpu.wait_idle((pid,), timeout_s=max(1.0, deadline - time.monotonic()))
@@ -255,8 +237,6 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 def scrape(url: str, timeout_s: float = 60) -> Samples | None:
     """Every sample of a Prometheus endpoint, keyed by (name, labels); None when unreadable. The timeout is
     long: under load the shim's /metrics waits for a gunicorn thread like any request."""
-    from devstack import promtext
-
     try:
         samples = promtext.scrape(url, timeout_s)
     except OSError:
