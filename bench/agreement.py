@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app import scores as score_functions
+from app.description import compare_parameters
+from app.preprocess import decode, to_tensor
+from app.sniff import cpu_reason
 from bench import corpus, reference_model
+from modelrepo import generate as model_repo
 from report.percentiles import percentile
 
 if TYPE_CHECKING:
@@ -64,8 +69,6 @@ class DecodeStep:
 
     def check(self, description: ModelDescription) -> None:
         """The step must decode with the description's preprocessing, as the shim checks it at readiness."""
-        from app.description import compare_parameters
-
         differ = compare_parameters(self.parameters, description.decode_parameters(), every=True,
                                     described=str(description.path))
         if differ:
@@ -96,9 +99,6 @@ class DecodeStep:
 def encoded_tensors(items: Sequence[corpus.Item], step: DecodeStep, spec: Any,
                     concurrency: int = 4) -> list[tuple[str, np.ndarray]]:
     """(path, tensor) per item as the encoded transport makes it; several requests in flight, as under load."""
-    from app.preprocess import decode, to_tensor
-    from app.sniff import cpu_reason
-
     def one(item: corpus.Item) -> tuple[str, np.ndarray]:
         reason = cpu_reason(item.data, spec)
         if reason is None:
@@ -129,8 +129,6 @@ def measure(items: Sequence[corpus.Item], step: DecodeStep, description: ModelDe
     it): one Row each, and the summary."""
     import torch
 
-    from app.preprocess import decode, to_tensor
-
     step.check(description)
     spec = description.spec()
     started = time.monotonic()
@@ -145,8 +143,6 @@ def measure(items: Sequence[corpus.Item], step: DecodeStep, description: ModelDe
         torch.jit.load(str(description.model_file()), map_location="cpu").eval())
     a = dict(zip(differ, logits_of(model, [legacy[i] for i in differ]), strict=True)) if differ else {}
     b = dict(zip(differ, logits_of(model, [encoded[i][1] for i in differ]), strict=True)) if differ else {}
-    from app import scores as score_functions
-
     scores = {"softmax": score_functions.softmax, "sigmoid": score_functions.sigmoid,
               "probabilities": score_functions.probabilities}[description.scores]
     rows = []
@@ -213,8 +209,6 @@ def markdown(rows: Sequence[Row], summary: dict[str, Any], where: str) -> str:
 
 def write_decode_step(description: ModelDescription, repo: Path) -> str:
     """The description's generated decode step (configs and its model.py copy) into `repo`; returns its name."""
-    from modelrepo import generate as model_repo
-
     files = model_repo.the_decode_step(description)
     if not files:
         raise ValueError(description.encoded_refusal())

@@ -10,6 +10,7 @@ import argparse
 import json
 import multiprocessing
 import resource
+import threading
 import time
 from typing import Any
 
@@ -35,8 +36,6 @@ def batch_of(route: str, batch: int, jpeg: bytes) -> Any:
 def client_loop(kind: str, url: str, route: str, batch: int, jpeg: bytes, threads: int, duration_s: float,
                 results: Any) -> None:
     """In a process of its own: `threads` clients in a closed loop; puts (images, cpu_s, errors)."""
-    import threading
-
     if kind == "grpc":
         import tritonclient.grpc as client
     else:

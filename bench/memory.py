@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
+from PIL import Image
 
 from app.admission import DECODE_SLOTS
 from app.preprocess import MAX_IMAGE_PIXELS
@@ -24,6 +26,7 @@ from app.settings import Settings
 from bench.stack import ROOT, standin_triton
 from devstack import launch
 from devstack.proxy import free_udp_port
+from tests.sample_images import encode, photo
 
 BOUNDARY = "benchmemoryboundary"
 
@@ -38,11 +41,6 @@ def status_kib(pid: int, field: str) -> int:
 def worst_image(max_pixels: int, max_upload_bytes: int) -> bytes:
     """A JPEG of max_pixels (a square, photo-like) padded after its end marker to just under the upload limit,
     with room for the multipart envelope: the largest decode and the largest body the limits accept."""
-    import numpy as np
-    from PIL import Image
-
-    from tests.sample_images import encode, photo
-
     side = int(max_pixels ** 0.5)
     tile = photo(1024, 1024, seed=7)
     pixels = np.tile(tile, (side // 1024 + 1, side // 1024 + 1, 1))[:side, :side]
