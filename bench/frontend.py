@@ -113,22 +113,20 @@ def reported_transport(url: str) -> str:
     return "unknown"
 
 
-class FrontRun:
+class FrontRun(Run):
     def __init__(self, args: argparse.Namespace, out: Path, loadgen: LoadGenerator,
                  stopper: stack.Stopper | None = None) -> None:
-        self.args, self.out, self.loadgen = args, out, loadgen
-        self.run = Run(args, out, loadgen)  # the request builders, driving, the CSV of every request
+        super().__init__(args, out, loadgen)
         if stopper is not None:  # servers of an earlier part still stopping: the first window waits for them
-            self.run.stopper = stopper
-        self.rows = self.run.rows
-        self.configurations = self.run.configurations
+            self.stopper = stopper
         self.wrk: str | None = None  # the binary, when the shim rows are cross-checked
         self.wrk_script: Path | None = None
 
-    def close(self) -> None:
-        self.run.close()
+    def shim(self, triton_url: str, transport: str) -> contextlib.AbstractContextManager[Any]:
+        env = shim_env(triton_url, transport, self.args.shim_workers, self.args.shim_threads)
+        return stack.serve_shim(self.logs, env, self.stopper, self.args.shim_workers)
 
-    def measure(self, config: str, kind: str, label: str, description: str, url: str, requests: tuple[bytes, ...],
+    def measure_row(self, config: str, kind: str, label: str, description: str, url: str, requests: tuple[bytes, ...],
                 expect: bytes, watch: dict[str, tuple[int, ...]], transport: str | None = None,
                 shim_metrics: str | None = None, triton_metrics: str | None = None,
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -138,7 +136,7 @@ class FrontRun:
                         extra={"kind": kind, "transport": transport, **(extra or {})})
         row: dict[str, Any] = {}
         for concurrency in self.args.levels:
-            row = self.run.measure_one(target, concurrency)
+            row = self.measure_one(target, concurrency)
             machine = row.get("machine") or {}
             print("    CPU ms per image: " + ", ".join(f"{g} {v:.2f}" for g, v in row["cpu_ms_per_image"].items()
                                                         if v is not None)
@@ -161,12 +159,12 @@ class FrontRun:
     def measure_floor(self, processes: int) -> None:
         label = f"floor: decode + preprocess, {processes} processes"
         description = (f"`app.preprocess.decode` + `to_tensor` (FP32) in {processes} spawned processes on the same "
-                       f"{len(self.run.jpegs)} JPEGs, no HTTP, {self.args.warmup:g} s + {self.args.duration:g} s")
+                       f"{len(self.jpegs)} JPEGs, no HTTP, {self.args.warmup:g} s + {self.args.duration:g} s")
         self.configurations.append({"config": "floor", "label": label, "description": description})
         print(f"{label} ...", flush=True)
-        self.run.stopper.settle()
+        self.stopper.settle()
         load_before = os.getloadavg()[0]
-        outcome, window = floor.run_floor(self.run.jpegs, processes, self.args.warmup, self.args.duration,
+        outcome, window = floor.run_floor(self.jpegs, processes, self.args.warmup, self.args.duration,
                                           {"loadgen": self.loadgen.pids})
         row = {"config": "floor", "kind": "floor", "transport": None, "label": label, "number": None,
                "concurrency": min(self.args.levels), "processes": processes, **summarize(outcome), "breakdown": {},
@@ -175,7 +173,7 @@ class FrontRun:
         row.update(cpu_columns(window, row["answers"]))
         row["loadgen_cpu_pct"] = row["loadgen_cpu_ms_per_request"] = None
         self.rows.append(row)
-        self.run.record("floor", processes, outcome)
+        self.record("floor", processes, outcome)
         print(f"  {label}: {row['qps']:.1f} images/s, CPU {row['cpu_ms_per_image']['floor']:.2f} ms per image "
               f"({window['floor']['processes']} processes); rest of the machine "
               f"{(row.get('machine') or {}).get('other_cpu_ms_per_image') or 0:.2f}, idle "
@@ -195,13 +193,13 @@ def profile_row(front: FrontRun, served: Any, tpid: int, transport: str) -> dict
 
     label = f"shim [{transport}] under py-spy"
     target = Target(f"shim-{transport}-profiled", label, f"the shim with SHIM_TRANSPORT={transport} again, "
-                    f"py-spy recording worker {pid}", served.url, front.run.predict_requests(served.url),
+                    f"py-spy recording worker {pid}", served.url, front.predict_requests(served.url),
                     b'"predictions"', watch={"shim": (served.process.pid,), "triton": (tpid,),
                                              "loadgen": front.loadgen.pids},
                     extra={"kind": "profiled", "transport": transport})
     front.configurations.append({"config": target.config, "label": label, "description": target.description})
     concurrency = max(front.args.levels)
-    row = front.run.measure_one(target, concurrency, attach)
+    row = front.measure_one(target, concurrency, attach)
     if not state:
         return {"pid": pid, "error": "the measured window never opened"}
     result = {kind: pyspy.finish(state[kind], raw, front.args.duration, gil=kind == "gil")
@@ -246,7 +244,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
         if not args.no_wrk:
             front.wrk = wrk.find_or_install()
             if front.wrk:
-                front.wrk_script = wrk.lua_script(out / "wrk", front.run.jpegs)
+                front.wrk_script = wrk.lua_script(out / "wrk", front.jpegs)
             else:
                 wrk_note = "wrk is not installed (and could not be: needs apt-get as root): no cross-check."
                 print(f"note: {wrk_note}", flush=True)
@@ -255,50 +253,46 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
         try:
             front.measure_floor(processes)
             with legacy_front(out, model_pt, labels, args.legacy_workers, args.legacy_threads,
-                              front.run.stopper) as served:
-                front.measure("legacy-front", "legacy", f"legacy front, gunicorn {args.legacy_workers}x"
+                              front.stopper) as served:
+                front.measure_row("legacy-front", "legacy", f"legacy front, gunicorn {args.legacy_workers}x"
                               f"{args.legacy_threads}",
                               f"examples/legacy_app.py under gunicorn, {args.legacy_workers} workers x "
                               f"{args.legacy_threads} threads, the near-free TorchScript model in-process "
                               "(torchvision transforms, softmax, top 5)",
-                              served.url, front.run.predict_requests(served.url), b'"predictions"',
+                              served.url, front.predict_requests(served.url), b'"predictions"',
                               {"legacy": (served.process.pid,)})
             print("starting Triton (the near-free stand-in repository) ...", flush=True)
             triton = stack.start_triton(repo, work / "triton")
             try:
                 tpid = stack.triton_pid(triton)
-                served_config = front.run.served_config("front", triton.http_url)
+                served_config = front.served_config("front", triton.http_url)
                 for transport in args.transports:
-                    with stack.serve_shim(out / "logs", shim_env(triton.http_url, transport, args.shim_workers,
-                                                                 args.shim_threads),
-                                          front.run.stopper, args.shim_workers) as served:
+                    with front.shim(triton.http_url, transport) as served:
                         reported = reported_transport(served.url)
                         print(f"  the shim reports transport: {reported}", flush=True)
-                        front.measure(f"shim-{transport}", "shim", f"shim [{transport}]",
+                        front.measure_row(f"shim-{transport}", "shim", f"shim [{transport}]",
                                       f"the shim ({args.shim_workers} workers x {args.shim_threads} threads, "
                                       f"SHIM_TRANSPORT={transport}, reports {reported}) -> Triton: {served_config}",
-                                      served.url, front.run.predict_requests(served.url), b'"predictions"',
+                                      served.url, front.predict_requests(served.url), b'"predictions"',
                                       {"shim": (served.process.pid,), "triton": (tpid,)}, transport=transport,
                                       shim_metrics=served.url + "/metrics", triton_metrics=triton.metrics_url,
                                       extra={"transport_reported": reported})
-                front.measure("direct-front", "direct", "direct tritonclient -> Triton",
+                front.measure_row("direct-front", "direct", "direct tritonclient -> Triton",
                               f"ready-made FP32 [1,{','.join(map(str, dims))}] binary-tensor requests straight to "
                               f"Triton: {served_config}", f"http://{triton.http_url}",
-                              front.run.infer_requests(triton.http_url), b'"outputs"', {"triton": (tpid,)},
+                              front.infer_requests(triton.http_url), b'"outputs"', {"triton": (tpid,)},
                               triton_metrics=triton.metrics_url)
                 if args.profile:
                     level = max(args.levels)
                     shims = [r for r in front.rows if r["kind"] == "shim" and r["concurrency"] == level]
                     best = max(shims, key=lambda r: r["qps"])["transport"] if shims else args.transports[0]
                     print(f"profiling one shim worker, transport {best} (the best by throughput) ...", flush=True)
-                    with stack.serve_shim(out / "logs", shim_env(triton.http_url, best, args.shim_workers,
-                                                                 args.shim_threads),
-                                          front.run.stopper, args.shim_workers) as served:
+                    with front.shim(triton.http_url, best) as served:
                         profile = profile_row(front, served, tpid, best)
             finally:
-                front.run.stopper.later(lambda: stack.stop_keeping_log(triton, out / "logs" / "tritonserver-front.log"))
+                front.stopper.later(lambda: stack.stop_keeping_log(triton, out / "logs" / "tritonserver-front.log"))
         finally:
-            front.run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after Triton, which uses it
+            front.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after Triton, which uses it
             front.close()
 
     if usable <= 4:
@@ -320,7 +314,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
                      "shim_workers": args.shim_workers, "shim_threads": args.shim_threads,
                      "legacy_workers": args.legacy_workers, "legacy_threads": args.legacy_threads},
         "configurations": front.configurations,
-        "triton_configs": front.run.triton_configs,
+        "triton_configs": front.triton_configs,
         "results": front.rows,
         "ratios": front_ratios(front.rows),
         "encoded_checks": frontcheck.encoded_checks(front.rows),
@@ -328,4 +322,4 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
         "profile": profile,
         "notes": notes,
     }
-    return finish(front.run, report, front_markdown, started)
+    return finish(front, report, front_markdown, started)
