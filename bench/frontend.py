@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -27,7 +24,7 @@ from bench import floor, frontcheck, stack, wrk
 from bench import profile as pyspy
 from bench.loadgen import LoadGenerator
 from bench.report import cpu_columns, cpu_split, front_markdown, front_ratios, summarize
-from bench.run import IMAGE_SIZE, IMAGES, Run, Target, finish
+from bench.run import Run, Started, Target, finish
 from devstack import launch
 from devstack.cpu_repo import read_config
 from modelrepo.standin import write_standin_repo
@@ -214,10 +211,8 @@ def profile_row(front: FrontRun, served: Any, tpid: int, transport: str) -> dict
 
 def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None = None,
          stopper: stack.Stopper | None = None) -> int:
-    started = time.monotonic()
-    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
-    stamp = datetime.datetime.now().astimezone()
-    out = (out or args.out or ROOT / "bench" / "out" / f"{stamp:%Y%m%d-%H%M%S}-frontend").resolve()
+    started = Started.now(argv)
+    out = (out or args.out or ROOT / "bench" / "out" / f"{started.stamp:%Y%m%d-%H%M%S}-frontend").resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     usable = len(os.sched_getaffinity(0))
     processes = args.floor_processes or usable
@@ -298,28 +293,13 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
     if usable <= 4:
         notes.append(f"Only {usable} CPU cores: the load generator, the server under test and Triton share them; "
                      "read ratios measured in one run, not absolutes.")
-    report = {
-        "mode": "frontend",
-        "command": command,
-        "started": stamp.isoformat(timespec="seconds"),
-        "elapsed_s": time.monotonic() - started,
-        "machine": machine,
-        "model": {"name": MODEL, "repository": str(repo), "legacy_model": str(model_pt),
-                  "description": f"near-free (a stand-in with resnet50's interface: {input_name} FP32 {dims} -> "
-                                 f"{output_name} FP32 [{classes}], one pass over the input)"},
-        "settings": {"warmup_s": args.warmup, "duration_s": args.duration, "concurrency": args.levels,
-                     "images": IMAGES, "image_size": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}", "timeout_s": args.timeout,
-                     "quick": args.quick, "loadgen_processes": args.loadgen_processes,
-                     "floor_processes": processes, "transports": list(args.transports),
-                     "shim_workers": args.shim_workers, "shim_threads": args.shim_threads,
-                     "legacy_workers": args.legacy_workers, "legacy_threads": args.legacy_threads},
-        "configurations": front.configurations,
-        "triton_configs": front.triton_configs,
-        "results": front.rows,
-        "ratios": front_ratios(front.rows),
-        "encoded_checks": frontcheck.encoded_checks(front.rows),
-        "crosscheck_lines": frontcheck.lines(front.rows, usable, wrk_note),
-        "profile": profile,
-        "notes": notes,
-    }
+    settings = {"floor_processes": processes, "transports": list(args.transports), "shim_workers": args.shim_workers,
+                "shim_threads": args.shim_threads, "legacy_workers": args.legacy_workers,
+                "legacy_threads": args.legacy_threads}
+    report = front.report(started, machine, notes, settings, mode="frontend",
+                          model={"name": MODEL, "repository": str(repo), "legacy_model": str(model_pt),
+                                 "description": f"near-free (a stand-in with resnet50's interface: {input_name} FP32 "
+                                                f"{dims} -> {output_name} FP32 [{classes}], one pass over the input)"},
+                          ratios=front_ratios(front.rows), encoded_checks=frontcheck.encoded_checks(front.rows),
+                          crosscheck_lines=frontcheck.lines(front.rows, usable, wrk_note), profile=profile)
     return finish(front, report, front_markdown, started)

@@ -167,6 +167,20 @@ def fmt_ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
 
 
+@dataclass(frozen=True)
+class Started:
+    """A run's command line and start: the first fields of its report."""
+
+    command: str
+    stamp: datetime.datetime
+    at: float  # time.monotonic()
+
+    @staticmethod
+    def now(argv: Sequence[str] | None) -> Started:
+        command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+        return Started(command, datetime.datetime.now().astimezone(), time.monotonic())
+
+
 @dataclass
 class Target:
     """Where one configuration answers, how to ask it, and where its metrics are."""
@@ -226,6 +240,18 @@ class Run:
             print(f"bench: stopping a server failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         finally:
             self._csv_file.close()
+
+    def report(self, started: Started, machine: dict[str, Any], notes: list[str], settings: dict[str, Any],
+               **fields: Any) -> dict[str, Any]:
+        """results.json: what every run reports, then `fields`."""
+        a = self.args
+        return {"command": started.command, "started": started.stamp.isoformat(timespec="seconds"),
+                "elapsed_s": time.monotonic() - started.at, "machine": machine,
+                "settings": {"warmup_s": a.warmup, "duration_s": a.duration, "concurrency": a.levels, "images": IMAGES,
+                             "image_size": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}", "timeout_s": a.timeout,
+                             "quick": a.quick, "loadgen_processes": a.loadgen_processes, **settings},
+                "configurations": self.configurations, "triton_configs": self.triton_configs, "results": self.rows,
+                "notes": notes, **fields}
 
     def predict_requests(self, url: str) -> tuple[bytes, ...]:
         host, port = stack.split_url(url)
@@ -525,9 +551,7 @@ def front_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, Path, stack.Stopper]:
     """The Flask-vs-Triton benchmark: (exit status, its output folder, the servers still stopping)."""
-    started = time.monotonic()
-    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
-    stamp = datetime.datetime.now().astimezone()
+    started = Started.now(argv)
     if args.description is not None:
         arch = args.description.name
         model_source = f"{args.description.path}: {args.description}"
@@ -537,7 +561,7 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
     else:
         arch = args.arch
         model_source = "seeded weights: real shapes and speed, meaningless predictions"
-    out = (args.out or ROOT / "bench" / "out" / f"{stamp:%Y%m%d-%H%M%S}-{arch}").resolve()
+    out = (args.out or ROOT / "bench" / "out" / f"{started.stamp:%Y%m%d-%H%M%S}-{arch}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     configs, skipped = plan(args)
     runs = len(configs) * len(args.levels)
@@ -591,25 +615,10 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
     if not args.triton_url and machine["usable_cores"] and machine["usable_cores"] <= 4:
         notes.append(f"Only {machine['usable_cores']} CPU cores: the load generator, the server under test and "
                      "(for the shim) Triton share them, so every configuration is bounded by the same CPU.")
-    report = {
-        "command": command,
-        "started": stamp.isoformat(timespec="seconds"),
-        "elapsed_s": time.monotonic() - started,
-        "machine": machine,
-        "model": {"arch": arch, "source": model_source, "file": str(model_pt), "name": args.model_name},
-        "settings": {"warmup_s": args.warmup, "duration_s": args.duration, "concurrency": args.levels,
-                     "images": IMAGES, "image_size": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}", "timeout_s": args.timeout,
-                     "quick": args.quick, "loadgen_processes": args.loadgen_processes},
-        "seed_rows": [dict(r) for r in SEED_ROWS],
-        "configurations": run.configurations,
-        "skipped": skipped,
-        "triton_configs": run.triton_configs,
-        "ceiling_duration_s": ceiling_s(args),
-        "loadgen_ceiling": ceiling,
-        "results": run.rows,
-        "ratios": ratios(run.rows),
-        "notes": notes,
-    }
+    report = run.report(started, machine, notes, {},
+                        model={"arch": arch, "source": model_source, "file": str(model_pt), "name": args.model_name},
+                        seed_rows=[dict(r) for r in SEED_ROWS], skipped=skipped, ceiling_duration_s=ceiling_s(args),
+                        loadgen_ceiling=ceiling, ratios=ratios(run.rows))
     gpu = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
     plot(run.rows, out / "results.png", f"{arch}, {machine['cpu']}, {machine['usable_cores']} cores, {gpu}")
     latest = out.parent / "latest"
@@ -621,7 +630,7 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
     return finish(run, report, markdown, started, f"{out / 'results.png'}, "), out, run.stopper
 
 
-def finish(run: Run, report: dict[str, Any], render: Callable[[dict[str, Any]], str], started: float,
+def finish(run: Run, report: dict[str, Any], render: Callable[[dict[str, Any]], str], started: Started,
            files: str = "") -> int:
     """Writes results.json and results.md and prints the tables: 1 when a request failed."""
     machine, out = report["machine"], run.out
@@ -635,7 +644,7 @@ def finish(run: Run, report: dict[str, Any], render: Callable[[dict[str, Any]], 
     print(text)
     errors = sum(r["errors"] + r.get("warmup_errors", 0) for r in run.rows)
     print(f"written: {out / 'results.json'}, {out / 'results.md'}, {files}{out / 'requests.csv'} "
-          f"({time.monotonic() - started:.0f} s)")
+          f"({time.monotonic() - started.at:.0f} s)")
     if errors:
         print(f"{errors} requests failed: see the tables and {out / 'logs'}", file=sys.stderr)
     return 1 if errors else 0
