@@ -125,8 +125,7 @@ def logits_of(model: Any, tensors: Sequence[np.ndarray], batch: int = 16) -> np.
 
 def measure(items: Sequence[corpus.Item], step: DecodeStep, description: ModelDescription, *,
             concurrency: int = 4) -> tuple[list[Row], dict[str, Any]]:
-    """Every item through both paths with `description`'s preprocessing and through its model (model.pt beside
-    it): one Row each, and the summary."""
+    """Every item through both paths and the description's model: one Row each, and the summary."""
     import torch
 
     step.check(description)

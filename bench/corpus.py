@@ -120,8 +120,7 @@ def _picture(width: int, height: int) -> Image.Image:
 
 
 def cached(limit: int | None = None, max_pixels: int | None = None, folder: Path = CACHE) -> list[Item]:
-    """items(), made once into `folder` (.cache/, never committed) and read back after: about 30 s to make on
-    2 busy cores, a second to read. The folder is named after a hash of this module, so a change remakes it."""
+    """items(), made once into `folder` (named after this module's hash) and read back after."""
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
     where = folder / digest
     index = where / "index.json"

@@ -158,8 +158,7 @@ print(json.dumps(out))
 
 
 def python_env(plan: Plan) -> dict[str, Any]:
-    """The python backend's stub embeds the first python3 on the PATH the server gets: that interpreter imports
-    numpy and torch and initialises CUDA here, with the server's environment."""
+    """numpy, torch and CUDA in the python3 the python backend's stub embeds, with the server's environment."""
     from devstack.wheel import server_environment
 
     env = server_environment()
@@ -179,8 +178,7 @@ def python_env(plan: Plan) -> dict[str, Any]:
 
 
 def bench_description(root: Path, dest: Path) -> Any:
-    """The kit's own model for the model-only rows: resnet50's description under another name with
-    max_batch_size 64, written as a description of its own (resnet50's is never edited)."""
+    """resnet50's description under the kit's name with max_batch_size 64, for the model-only rows."""
     from app.description import load
 
     text = (root / "triton_repo" / DESCRIBED / "model.toml").read_text()
@@ -199,8 +197,7 @@ def bench_description(root: Path, dest: Path) -> Any:
 
 
 def build_repo(dest: Path, plan: Plan, root: Path = ROOT) -> Path:
-    """triton_repo with its generated files written from the descriptions here, labels and models exported,
-    the bench model beside it; then checked as the embedded server checks a repository."""
+    """triton_repo, generated from its descriptions here, models exported, the bench model beside it; checked."""
     from app.description import load
     from devstack.cpu_repo import model_dirs
     from modelrepo import generate
@@ -240,8 +237,7 @@ def build_repo(dest: Path, plan: Plan, root: Path = ROOT) -> Path:
 
 
 def check_repo(repo: Path) -> None:
-    """The embedded server's own check, before starting it: every model's files there, every generated file
-    its description's (devstack.cpu_repo.check_model_files)."""
+    """The embedded server's own check of a repository's files (devstack.cpu_repo.check_model_files)."""
     from devstack.cpu_repo import check_model_files
 
     check_model_files(repo)
@@ -333,8 +329,7 @@ def model_only(triton: Any, plan: Plan, results: Results) -> dict[str, Any]:
 
 
 def smoke(triton: Any, plan: Plan) -> dict[str, Any]:
-    """One JPEG through the decode step, before the long measurement: in this process on the device (the step's
-    own code: its tensor's device, dtype and shape), and through Triton, compared with the shim's CPU path."""
+    """One JPEG through the decode step in this process (device, dtype, shape) and through Triton, vs the CPU path."""
     import importlib.util
 
     import numpy as np

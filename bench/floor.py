@@ -40,8 +40,7 @@ def _work(conn: multiprocessing.connection.Connection, jpegs: Sequence[bytes], o
 
 def run_floor(jpegs: Sequence[bytes], processes: int, warmup_s: float, duration_s: float,
               extra_watch: dict[str, tuple[int, ...]] | None = None) -> tuple[Outcome, dict[str, dict[str, float]]]:
-    """Decode + preprocess in `processes` processes for warmup_s + duration_s; the merged Outcome and the
-    CPU of the floor's processes (group "floor") and of `extra_watch`'s groups over the window."""
+    """Decode + preprocess in `processes` processes: the merged Outcome and the CPU of each group over the window."""
     ctx = multiprocessing.get_context("spawn")
     pipes, workers = [], []
     for index in range(processes):

@@ -39,8 +39,7 @@ def status_kib(pid: int, field: str) -> int:
 
 
 def worst_image(max_pixels: int, max_upload_bytes: int) -> bytes:
-    """A JPEG of max_pixels (a square, photo-like) padded after its end marker to just under the upload limit,
-    with room for the multipart envelope: the largest decode and the largest body the limits accept."""
+    """A JPEG of max_pixels padded after its end marker to just under the upload limit (with the envelope)."""
     side = int(max_pixels ** 0.5)
     tile = photo(1024, 1024, seed=7)
     pixels = np.tile(tile, (side // 1024 + 1, side // 1024 + 1, 1))[:side, :side]

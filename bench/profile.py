@@ -58,8 +58,7 @@ def parse_raw(text: str) -> tuple[Counter[tuple[str, ...]], int]:
 
 
 def short_file(file: str) -> str:
-    """A path as its package sees it: '.../site-packages/PIL/Image.py' -> 'PIL/Image.py',
-    '.../lib/python3.11/threading.py' -> 'threading.py', '<root>/app/service.py' -> 'app/service.py'."""
+    """A path as its package sees it: '.../site-packages/PIL/Image.py' -> 'PIL/Image.py'."""
     for marker in ("/site-packages/", "/dist-packages/"):
         if marker in file:
             return file.rsplit(marker, 1)[1]

@@ -20,8 +20,7 @@ NAME = "efficientnet_lite0"
 
 
 def export_example(name: str, repo: Path = REPO) -> ModelDescription:
-    """examples/models/<name>/model.toml exported by modelrepo/export.py into `repo` (kept while current);
-    returns the description as the repository holds it."""
+    """examples/models/<name>/model.toml exported into `repo` (kept while current); its description there."""
     from app.description import load
     from modelrepo import export as export_model
 

@@ -373,8 +373,7 @@ class Run:
             self._csv.writerow([config, concurrency, phase, f"{start:.6f}", f"{latency * 1000:.3f}", error])
 
     def ceiling(self, stub_port: int, tensors: bool) -> list[dict[str, Any]]:
-        """The load generator against a stub that answers at once: the uploads at every concurrency, the tensor
-        bodies (5x larger) at the highest."""
+        """The load generator against a stub that answers at once: uploads, and (at the top level) tensor bodies."""
         url = f"http://127.0.0.1:{stub_port}"
         kinds = [("multipart JPEG", self.predict_requests(url), self.args.levels)]
         if tensors:

@@ -81,8 +81,7 @@ def parse(text: str) -> dict[str, Any]:
 
 def measure(binary: str, script: Path, url: str, connections: int, duration_s: float,
             watch: dict[str, tuple[int, ...]], threads: int = 2) -> dict[str, Any]:
-    """One wrk window against `url`: throughput, latency, errors, and CPU per image of the watched trees
-    (wrk's own included, from its rusage)."""
+    """One wrk window against `url`: throughput, latency, errors, CPU per image of `watch` and of wrk itself."""
     command = [binary, f"-t{max(1, min(threads, connections))}", f"-c{connections}", f"-d{duration_s:g}s",
                "--latency", "--timeout", "60s", "-s", str(script), url]
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
