@@ -88,7 +88,7 @@ def measure(kind: str, triton: Any, tpid: int, route: str, batch: int, jpeg: byt
                                                         args.duration, results))
     cpu.wait_idle((tpid,), timeout_s=20)
     process.start()
-    # Triton's window: from when the clients are warm (the first put arrives only after the window) to the end.
+    # Triton's window: from when the clients are warm to the end (the first put comes after the window)
     time.sleep(0.5)
     first = cpu.snapshot({"triton": (tpid,)})
     images, client_s, errors = results.get(timeout=args.duration + 120)

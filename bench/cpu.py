@@ -75,8 +75,7 @@ def snapshot(groups: Mapping[str, Iterable[int]]) -> Snapshot:
                      for name, roots in groups.items()}, machine_seconds())
 
 
-MACHINE = "machine"  # the whole machine's busy CPU, beside the groups: what the groups do not explain is
-                     # other work (the benchmark's orchestrator, anything else running on the machine)
+MACHINE = "machine"  # the whole machine's CPU beside the groups: what they do not explain is other work
 
 
 def window_seconds(start: Snapshot, end: Snapshot) -> dict[str, dict[str, float]]:

@@ -37,11 +37,9 @@ class Job:
     timeout_s: float = 60.0
     first_client: int = 0  # index of this process's first client, when several processes share a run
     start_at: float | None = None  # time.monotonic() (one clock for every process) at which the warm-up starts
-    # Process trees whose CPU time this process reads from /proc when the window opens and closes:
-    # ((group name, (root pid, ...)), ...); see bench/cpu.py. Only one of several processes gets it.
+    # (group name, root PIDs) whose CPU this process reads as the window opens and closes (only one process's)
     watch: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    # Local addresses the clients connect from, client i from sources[i % len(sources)]: several loopback
-    # addresses (127.0.0.0/8) look like several hosts to a server that limits per address. Empty: any.
+    # Local addresses client i connects from (i % len): several of 127.0.0.0/8 look like several hosts
     sources: tuple[str, ...] = ()
 
 

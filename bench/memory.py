@@ -117,8 +117,7 @@ def main(args: argparse.Namespace) -> int:
     workers = settings.workers
     peak, idle_mib = figures["worker_peak_rss_mib"], figures["worker_idle_rss_mib"]
     own = figures["master_peak_rss_mib"] + figures["counter_peak_rss_mib"]
-    # Behind nginx the pod holds PROXY_MAX_INFLIGHT (= SHIM_MAX_PENDING) uploads in all: at worst all in one
-    # worker, the others ready and idle. Without nginx (make run) every worker may hold SHIM_MAX_PENDING.
+    # Behind nginx the pod holds SHIM_MAX_PENDING uploads in all, at worst in one worker; alone, each worker may
     behind_nginx = own + peak + (workers - 1) * idle_mib
     alone = own + workers * peak
     figures.update(pod_behind_nginx_mib=behind_nginx, pod_without_nginx_mib=alone)

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 RATE = 100  # samples per second (py-spy's default)
-# A leaf frame whose line makes one of these calls is a thread waiting for something (its C call blocks).
-# `with self._lock:` (a bare name, no call) is a lock or condition being acquired.
+# A leaf line making one of these calls is a thread waiting (`with self._lock:`: a lock being acquired).
 BLOCKING = re.compile(r"\.(get|wait|wait_for|acquire|select|poll|recv|recv_into|recvfrom|accept|join|sleep)\("
                       r"|\b(sleep|select|wait)\(|\bloop\.run\(|^\s*with\s+[\w.]+:\s*$")
 # Frames every thread has: 100 % of the samples by construction, left out of the ranking by total time.
@@ -117,9 +116,7 @@ def top(stacks: Counter[tuple[str, ...]], limit: int = 15, skip_waiting: bool = 
     }
 
 
-# The stages of a /predict, by the files their code is in; a sample counts for the stage of the frame nearest
-# its leaf that matches (a socket write inside tritonclient is the Triton call's, gunicorn's body reader called
-# from the view is gunicorn's). First match wins among patterns of one frame.
+# The stages of a /predict by the files of their code: a sample counts for the frame nearest its leaf that matches.
 STAGES = (
     ("Triton request: build, send, parse", re.compile(r"^(tritonclient|geventhttpclient|gevent|grpc)/")),
     ("batcher hand-off", re.compile(r"^app/batching\.py")),

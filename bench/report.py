@@ -241,8 +241,7 @@ def cpu_columns(window: dict[str, dict[str, float]], images: int) -> dict[str, A
                            "cpu_ms_per_image": {g: (1000 * w["cpu_s"] / images if images else None)
                                                 for g, w in groups.items()}}
     spent = sum(v for v in out["cpu_ms_per_image"].values() if v)
-    # What the row's own processes would serve alone on this machine's cores if they keep them busy (closed loop,
-    # enough clients): the throughput to compare when other work shared the machine during the window.
+    # What the row's own processes would serve alone on this machine's cores: to compare when others shared it
     out["cpu_bound_qps"] = len(os.sched_getaffinity(0)) * 1000 / spent if spent else None
     machine = window.get("machine")
     if machine:
