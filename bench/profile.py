@@ -27,16 +27,11 @@ BOOTSTRAP = {"Thread._bootstrap (threading.py)", "Thread._bootstrap_inner (threa
 FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 
 
-def py_spy() -> str | None:
-    """The py-spy next to this interpreter (the virtualenv's), else one on PATH."""
-    local = Path(sys.executable).with_name("py-spy")
-    return str(local) if local.is_file() else shutil.which("py-spy")
-
-
 def start(pid: int, seconds: float, raw: Path, gil: bool = False) -> subprocess.Popen[bytes]:
     """Start recording `pid` for `seconds` into `raw` (py-spy's raw format); finish() waits for it. gil: only the
     thread holding the GIL, read without pausing the worker (a second recorder beside the pausing one)."""
-    binary = py_spy()
+    local = Path(sys.executable).with_name("py-spy")  # the virtualenv's, else one on PATH
+    binary = str(local) if local.is_file() else shutil.which("py-spy")
     if binary is None:
         raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy (it is in the dev extra)")
     cmd = [binary, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", str(RATE),

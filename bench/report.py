@@ -58,13 +58,17 @@ def _row(cells: Sequence[object]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
+def _head(names: Sequence[str], text: int = 1) -> list[str]:
+    """A table's header and its alignment line: `text` left-aligned columns, then numbers."""
+    return [_row(names), _row(["---"] * text + ["--:"] * (len(names) - text))]
+
+
 def ordered(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (ORDER.index(r["config"]), r["concurrency"]))
 
 
 def results_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["source", "configuration", "clients", "QPS", "p50 ms", "p95 ms", "p99 ms", "errors", "answers"]),
-             _row(["---", "---", "--:", "--:", "--:", "--:", "--:", "--:", "--:"])]
+    lines = _head(["source", "configuration", "clients", "QPS", "p50 ms", "p95 ms", "p99 ms", "errors", "answers"], 2)
     for seed in SEED_ROWS:
         lines.append(_row([SEED_SOURCE, seed["label"], "?", seed["qps"], "-", "-", seed["p99_ms"], "-", "-"]))
     for r in ordered(rows):
@@ -97,9 +101,8 @@ def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def ratios_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["clients", "QPS (3) shim / (0) direct", "QPS (3) shim / (1) legacy", "p99 (3) shim / (1) legacy",
-                   "QPS (3) shim / (4) LitServe", "p99 (3) shim / (4) LitServe"]),
-             _row(["--:"] * 6)]
+    lines = _head(["clients", "QPS (3) shim / (0) direct", "QPS (3) shim / (1) legacy", "p99 (3) shim / (1) legacy",
+                   "QPS (3) shim / (4) LitServe", "p99 (3) shim / (4) LitServe"], 0)
     for r in ratios(rows):
         lines.append(_row([r["concurrency"], _f(r["shim_vs_direct_qps"], 2), _f(r["shim_vs_legacy_qps"], 2),
                            _f(r["shim_vs_legacy_p99"], 2), _f(r["shim_vs_litserve_qps"], 2),
@@ -108,10 +111,9 @@ def ratios_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def breakdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["configuration", "clients", "client mean", "in shim", "decode", "preprocess", "shim queue",
+    lines = _head(["configuration", "clients", "client mean", "in shim", "decode", "preprocess", "shim queue",
                    "infer /batch", "postprocess", "shim batch", "Triton queue", "Triton compute", "Triton batch",
-                   "load gen CPU", "load avg"]),
-             _row(["---", *["--:"] * 14])]
+                   "load gen CPU", "load avg"])
     for r in ordered(rows):
         s, t = r["breakdown"].get("shim") or {}, r["breakdown"].get("triton") or {}
         compute = None
@@ -127,8 +129,7 @@ def breakdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def ceiling_table(ceiling: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["request", "clients", "req/s against the stub", "errors", "load gen CPU ms per request"]),
-             _row(["---", "--:", "--:", "--:", "--:"])]
+    lines = _head(["request", "clients", "req/s against the stub", "errors", "load gen CPU ms per request"])
     for r in ceiling:
         lines.append(_row([r["request"], r["concurrency"], _f(r["qps"], 0), r["errors"],
                            _f(r["loadgen_cpu_ms_per_request"], 3)]))
@@ -317,10 +318,9 @@ FRONT_GROUP = {"floor": "floor", "legacy": "legacy", "shim": "shim", "profiled":
 
 def front_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     floor = next((r for r in rows if r["kind"] == "floor"), None)
-    lines = [_row(["row", "transport", "clients", "images/s", "p50 ms", "p99 ms", "front CPU ms/img",
+    lines = _head(["row", "transport", "clients", "images/s", "p50 ms", "p99 ms", "front CPU ms/img",
                    "Triton CPU ms/img", "loadgen CPU ms/img", "other CPU ms/img", "idle %", "x floor",
-                   "x legacy front", "CPU-bound images/s", "errors"]),
-             _row(["---", "---", *["--:"] * 13])]
+                   "x legacy front", "CPU-bound images/s", "errors"], 2)
     for r in front_ordered(rows):
         legacy = next((x for x in rows if x["kind"] == "legacy" and x["concurrency"] == r["concurrency"]), None)
         group = FRONT_GROUP[r["kind"]]
@@ -365,8 +365,7 @@ def cpu_split_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
              "multipart, scores, JSON, metrics, log), `batch senders` the calls to Triton, `outside the app` "
              "gunicorn and the master." + (f" The floor spends {_ms(floor, 'floor')} ms per image." if floor else ""),
              "",
-             _row(["row", "clients", "front CPU ms/img", *CPU_SPLIT, "beyond decode + preprocess"]),
-             _row(["---", *["--:"] * (len(CPU_SPLIT) + 3)])]
+             *_head(["row", "clients", "front CPU ms/img", *CPU_SPLIT, "beyond decode + preprocess"])]
     for r, s in split:
         if s is None:
             continue
@@ -399,17 +398,16 @@ def profile_lines(profile: dict[str, Any] | None) -> list[str]:
     split = profile["working"].get("stages") or {}
     if split:
         lines += ["By stage of a request (bench/profile.STAGES: the frame nearest each sample's leaf that names "
-                  "one):", "", _row(["stage", "working samples %"]), _row(["---", "--:"])]
+                  "one):", "", *_head(["stage", "working samples %"])]
         lines += [_row([name, _f(share)]) for name, share in split.items()]
         lines.append("")
     for key, title in (("by_own", "by own time"), ("by_total", "by total time")):
-        lines += [f"Top {len(t[key])} {title}:", "", _row(["function", "own %", "total %"]),
-                  _row(["---", "--:", "--:"])]
+        lines += [f"Top {len(t[key])} {title}:", "", *_head(["function", "own %", "total %"])]
         lines += [_row([e["function"], _f(e["own_pct"]), _f(e["total_pct"])]) for e in t[key]]
         lines.append("")
     lines += [f"The GIL holder (`py-spy --gil`, at the same time): the GIL was held "
               f"{_f(g['held_pct'], 0)} % of the window ({g['samples']} samples); what held it, by own time:", "",
-              _row(["function", "own %", "total %"]), _row(["---", "--:", "--:"])]
+              *_head(["function", "own %", "total %"])]
     lines += [_row([e["function"], _f(e["own_pct"]), _f(e["total_pct"])]) for e in g["top"]["by_own"]]
     lines.append("")
     return lines
