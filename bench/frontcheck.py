@@ -39,12 +39,9 @@ def lines(rows: Sequence[dict[str, Any]], cores: int, wrk_note: str | None) -> l
     if not shims:
         return []
     out = ["## The shim rows: wrk beside the Python load generator, CPU per image, a GPU host's estimate", "",
-           "Each shim row was measured twice in this run, one window right after the other: by the benchmark's "
-           "Python load generator (the table above) and by wrk (C, `bench/wrk.py`, the same multipart bodies). "
-           "CPU ms per image of the shim's processes and of Triton's over each window (/proc). `GPU host "
-           f"(estimate)` = {cores} cores x 1000 / the shim's CPU ms per image: what the shim would let through "
-           "with Triton's share on a GPU (an estimate, not a measurement); `per 16 cores` the same for a 16-core "
-           "host such as the one bench/device_check.sh runs on.", ""]
+           "Each shim row measured twice, one window after the other: by the Python load generator (above) and by "
+           f"wrk (`bench/wrk.py`, the same bodies). `GPU host (estimate)` = {cores} cores x 1000 / the shim's CPU ms "
+           "per image, with Triton's share on a GPU (not a measurement); `per 16 cores` the same for 16 cores.", ""]
     if wrk_note:
         out += [wrk_note, ""]
     out += ["| row | clients | images/s (Python) | images/s (wrk) | wrk / Python | shim CPU ms/img (Python) | "

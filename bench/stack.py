@@ -5,7 +5,6 @@ Nothing is written into triton_repo/: models go to .cache/bench-models/, variant
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import importlib.metadata
 import json
@@ -49,10 +48,7 @@ PACKAGES = ("torch", "torchvision", "tritonclient", "nvidia-pytriton", "flask", 
 
 def shim_default(name: str) -> Any:
     """The shim's own default for one setting (app/settings.py), e.g. its gunicorn workers and threads."""
-    if name == "threads":  # derived from the admission bound
-        return Settings().threads
-
-    return next(f.default for f in dataclasses.fields(Settings) if f.name == name)
+    return getattr(Settings(), name)
 
 
 def shim_layout(workers: int, threads: int) -> dict[str, str]:
