@@ -132,15 +132,8 @@ def stages(stacks: Counter[tuple[str, ...]]) -> dict[str, float]:
     for stack, count in stacks.items():
         if is_waiting(stack[-1]):
             continue
-        name = "other"
-        for frame in reversed(stack):
-            match = FRAME.match(frame)
-            file = short_file(match["file"]) if match else frame
-            found = next((stage for stage, pattern in STAGES if pattern.search(file)), None)
-            if found:
-                name = found
-                break
-        counts[name] += count
+        files = (short_file(m["file"]) if (m := FRAME.match(frame)) else frame for frame in reversed(stack))
+        counts[next((stage for file in files for stage, pattern in STAGES if pattern.search(file)), "other")] += count
     working = sum(counts.values())
     return {name: 100 * counts[name] / working for name in [*(s for s, _ in STAGES), "other"]} if working else {}
 
