@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import dataclasses
 import datetime
 import json
 import os
@@ -291,10 +290,10 @@ class Run:
         return describe_triton_config(served)
 
     def job(self, url: str, requests: tuple[bytes, ...], expect: bytes, concurrency: int, warmup_s: float,
-            duration_s: float) -> Job:
+            duration_s: float, watch: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> Job:
         host, port = stack.split_url(url)
         return Job(host=host, port=port, requests=requests, expect=expect, concurrency=concurrency,
-                   warmup_s=warmup_s, duration_s=duration_s, timeout_s=self.args.timeout)
+                   warmup_s=warmup_s, duration_s=duration_s, timeout_s=self.args.timeout, watch=watch)
 
     def drive(self, name: str, job: Job, on_measure: Callable[[], None] | None = None) -> Outcome:
         """Run `job` with a progress bar (on a terminal); on_measure() is called when the window opens."""
@@ -340,9 +339,8 @@ class Run:
 
         self.stopper.settle()
         load_before = os.getloadavg()[0]
-        job = self.job(target.url, target.requests, target.expect, concurrency, self.args.warmup, self.args.duration)
-        if target.watch:
-            job = dataclasses.replace(job, watch=tuple(target.watch.items()))
+        job = self.job(target.url, target.requests, target.expect, concurrency, self.args.warmup, self.args.duration,
+                       tuple((target.watch or {}).items()))
         outcome = self.drive(target.label, job, scrape_before)
         breakdown: dict[str, Any] = {}
         shim_before, triton_before = before.get("shim"), before.get("triton")
