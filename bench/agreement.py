@@ -1,9 +1,8 @@
 """`python -m bench.agreement`: the encoded transport's answers against the legacy path's, on bench/corpus.py.
 
-Both tensors of every upload (the legacy path's app.preprocess; Triton's decode step, or the shim's CPU path for
-an upload app/sniff.py keeps) go through the reference model (bench/reference_model.py) with its description's
-preprocessing. Targets: top-1 agreement >= 99.5 % and mean top-5 overlap >= 99 %: exit 0 when met, 1 when not
-(docs/transports.md has the figures). Without --triton-url it starts the wheel's Triton on the step's CPU copy.
+Both tensors of every upload (app.preprocess's; Triton's decode step's, or the shim's CPU path's for an upload
+app/sniff.py keeps) go through the reference model (bench/reference_model.py). Targets: top-1 agreement >= 99.5 %,
+mean top-5 overlap >= 99 %: exit 0 when met, 1 when not. Without --triton-url it starts the wheel's Triton.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """CPU time of whole process trees over a measured window, read with psutil (on Linux, from /proc).
 
-A group is its root PIDs and all their descendants at each snapshot. A member alive at both ends counts
-end - start, one born during the window counts from 0; one that exits is gone from the table, but its parent
-(a member) reaps it and the kernel adds its whole time to the parent's children times: so the window counts
-the members' children-time deltas too, minus what each exited member had used before the window.
+A group is its root PIDs and their descendants at each snapshot; a member born in the window counts from 0. One
+that exits is reaped by its parent (a member), whose children times then hold its whole time: so the window
+counts the members' children-time deltas too, minus what each exited member had used before it.
 """
 
 from __future__ import annotations

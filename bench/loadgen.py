@@ -23,6 +23,7 @@ from typing import Any
 DONE, ERRORS, PHASE = 0, 1, 2
 IDLE, WARMUP, MEASURE, DRAIN = 0.0, 1.0, 2.0, 3.0
 PHASES = {IDLE: "idle", WARMUP: "warm-up", MEASURE: "measure", DRAIN: "drain"}
+BOUNDARY = "benchboundary7e3f9a2c41d8"  # of every multipart upload (bench/wrk.py's too)
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,9 @@ class Outcome:
 def multipart_request(host: str, port: int, path: str, field_name: str, filename: str, content_type: str,
                       data: bytes) -> bytes:
     """A POST with one file in multipart/form-data, as `requests.post(url, files={...})` sends it."""
-    boundary = "benchboundary7e3f9a2c41d8"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field_name}\"; filename=\"{filename}\"\r\n"
-            f"Content-Type: {content_type}\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
-    return post_request(host, port, path, body, f"multipart/form-data; boundary={boundary}")
+    body = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{field_name}\"; filename=\"{filename}\"\r\n"
+            f"Content-Type: {content_type}\r\n\r\n").encode() + data + f"\r\n--{BOUNDARY}--\r\n".encode()
+    return post_request(host, port, path, body, f"multipart/form-data; boundary={BOUNDARY}")
 
 
 def post_request(host: str, port: int, path: str, body: bytes, content_type: str,

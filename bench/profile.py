@@ -1,9 +1,8 @@
 """py-spy on one shim worker over a measured window: the functions that take its time, by own and total share.
 
-py-spy often sees a thread blocked in a C call (a queue's get, select) as busy: a sample whose leaf line is a
-blocking call (BLOCKING, read from the source) counts as waiting and is left out of the shares. A second py-spy
-with `--gil --nonblocking` samples only the GIL holder: its share of the window says whether the worker is
-bound by its GIL (more processes help it, more threads do not).
+py-spy sees a thread blocked in a C call (a queue's get, select) as busy: a sample whose leaf line is a blocking
+call (BLOCKING) counts as waiting, left out of the shares. A second py-spy (`--gil`) samples the GIL holder
+alone: its share of the window says whether the worker is bound by its GIL.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """`python -m bench` (make bench): the seed's Flask-vs-Triton table, reproduced on this machine in one run.
 
-Configurations (--configs), each started by the tool on loopback in turn: (1) legacy, examples/legacy_app.py in
-one process; (2) triton-instances, 2 instances and no batching anywhere; (3) triton-batching, the shim's
-defaults and dynamic batching; (0) direct, ready FP32 tensors to (3)'s Triton; (4) litserve, a peer.
-Output in bench/out/<time>-<arch>/ (--out): results.json, .md, .png, requests.csv, logs/ (docs/benchmarks.md).
+Configurations (--configs), started on loopback in turn: (1) legacy, the old app in one process; (2) triton-instances,
+no batching anywhere; (3) triton-batching, the shim's defaults; (0) direct, ready tensors to (3)'s Triton; (4)
+litserve, a peer. Output in bench/out/<time>-<arch>/: results.json, .md, .png, requests.csv (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cpu
-
-BOUNDARY = "benchboundary7e3f9a2c41d8"  # bench/loadgen.multipart_request's
+from bench.loadgen import BOUNDARY
 
 
 def find_or_install() -> str | None:
