@@ -16,7 +16,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +73,8 @@ def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path
     return dest
 
 
-@contextlib.contextmanager
 def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads: int,
-                 stopper: stack.Stopper) -> Iterator[Any]:
+                 stopper: stack.Stopper) -> contextlib.AbstractContextManager[Any]:
     """examples/legacy_app.py under gunicorn, `workers` x `threads` (gthread), on a free port."""
     port = launch.free_port()
     env = {**os.environ, "LEGACY_MODEL_PATH": str(model_pt), "LEGACY_LABELS_PATH": str(labels)}
@@ -84,12 +83,7 @@ def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads:
            "examples.legacy_app:app"]
     print(f"starting the legacy app ({workers} workers x {threads} threads, near-free TorchScript) ...", flush=True)
     served = launch.ServedApp("legacy app", cmd, env, port, out / "logs" / f"legacy-front-{port}.log")
-    try:
-        served.wait("/", status=404, timeout_s=180)  # no health endpoint: any contract answer means it is up
-        stack.wait_for_children(served.process.pid, workers)
-        yield served
-    finally:
-        stopper.later(served.stop)
+    return stack.serving(served, stopper, "/", 404, 180, workers)  # no health endpoint: any contract answer will do
 
 
 def shim_env(triton_url: str, transport: str, workers: int, threads: int) -> dict[str, str]:

@@ -435,13 +435,9 @@ def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
         url = served.url
         description = (f"examples/legacy_app.py under gunicorn, 1 worker x {run.args.legacy_threads} threads, "
                        "TorchScript in-process on the CPU (torch's default thread count)")
-    try:
-        if served is not None:
-            served.wait("/", status=404)  # it has no health endpoint: any contract answer means it is up
+    # No health endpoint: any contract answer means it is up
+    with stack.serving(served, run.stopper, "/", 404) if served else contextlib.nullcontext():
         run.measure(Target("legacy", label, description, url, run.predict_requests(url), b'"predictions"'))
-    finally:
-        if served is not None:
-            run.stopper.later(served.stop)
 
 
 def run_litserve(run: Run, model_pt: Path, labels: Path) -> None:
@@ -452,19 +448,17 @@ def run_litserve(run: Run, model_pt: Path, labels: Path) -> None:
     print("starting LitServe ...", flush=True)
     served = launch.ServedApp("litserve", [sys.executable, "-m", "bench.litserve_app"], env, port,
                               run.logs / f"litserve-{port}.log")
-    try:
-        served.wait("/health", timeout_s=240)
+
+    def stop() -> None:  # LitServe's API server and inference processes outlive its main one: the whole group
+        served.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(served.process.pid, signal.SIGKILL)
+
+    with stack.serving(served, run.stopper, "/health", timeout_s=240, stop=stop):
         run.measure(Target("litserve", "(4) LitServe 0.2.19, batch 8 / 10 ms",
                            "bench/litserve_app.py: LitServe's own batcher (8 images within 10 ms), one inference "
                            "worker on the CPU, torchvision's transform, TorchScript in-process",
                            served.url, run.predict_requests(served.url), b'"predictions"'))
-    finally:
-        def stop() -> None:  # LitServe's API server and inference processes outlive its main one: the whole group
-            served.stop()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(served.process.pid, signal.SIGKILL)
-
-        run.stopper.later(stop)
 
 
 def shim_target(run: Run, config: str, url: str, triton_url: str, triton_metrics: str | None,

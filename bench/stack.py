@@ -155,17 +155,24 @@ def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
 
 
 @contextlib.contextmanager
-def serve_shim(logs: Path, env: dict[str, str], stopper: Stopper, workers: int | None = None) -> Iterator[Any]:
-    """The shim with `env`, ready (and, given `workers`, all forked and idle); stopped in the background after."""
-    print(f"starting the shim ({', '.join(f'{k}={v}' for k, v in env.items())}) ...", flush=True)
-    served = launch.start_shim(logs, env)
+def serving(served: launch.ServedApp, stopper: Stopper, path: str = "/readyz", status: int = 200,
+            timeout_s: float = 120, workers: int | None = None,
+            stop: Callable[[], None] | None = None) -> Iterator[Any]:
+    """`served` once `path` answers `status` (and, given `workers`, all forked and idle); stopped in the background
+    after, by `stop` if given."""
     try:
-        served.wait("/readyz", timeout_s=120)
+        served.wait(path, timeout_s=timeout_s, status=status)
         if workers:
             wait_for_children(served.process.pid, workers)
         yield served
     finally:
-        stopper.later(served.stop)
+        stopper.later(stop or served.stop)
+
+
+def serve_shim(logs: Path, env: dict[str, str], stopper: Stopper,
+               workers: int | None = None) -> contextlib.AbstractContextManager[Any]:
+    print(f"starting the shim ({', '.join(f'{k}={v}' for k, v in env.items())}) ...", flush=True)
+    return serving(launch.start_shim(logs, env), stopper, workers=workers)
 
 
 class Stopper:
