@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.settings import TRANSPORTS as SHIM_TRANSPORTS
+from app import settings as shim_settings
 from bench import stack
 from bench.loadgen import Job, LoadGenerator, Outcome, StubServer, multipart_request, post_request
 from bench.report import NUMBER, ORDER, SEED_ROWS, cpu_columns, markdown, plot, ratios, summarize
@@ -35,7 +35,7 @@ ROOT = stack.ROOT
 CONFIGS = ORDER
 
 
-TRANSPORTS = tuple(SHIM_TRANSPORTS)  # the shim's SHIM_TRANSPORT values: one front-end row each
+TRANSPORTS = tuple(shim_settings.TRANSPORTS)  # the shim's SHIM_TRANSPORT values: one front-end row each
 DEFAULTS = {"arch": "resnet50", "duration": 20.0, "warmup": 5.0, "concurrency": "1,4,16,32"}
 QUICK = {"arch": "resnet18", "duration": 3.0, "warmup": 1.0, "concurrency": "1,8"}
 FRONT_DEFAULTS = {"duration": 20.0, "warmup": 5.0, "concurrency": "16"}  # --frontend
