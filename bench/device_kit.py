@@ -89,9 +89,7 @@ class Results:
     def write(self) -> None:
         self.data["elapsed_s"] = round(time.monotonic() - self.started, 1)
         text = json.dumps(self.data, indent=2, default=str)
-        for folder in (self.out, self.keep):
-            if folder is None:
-                continue
+        for folder in filter(None, (self.out, self.keep)):
             folder.mkdir(parents=True, exist_ok=True)
             tmp = folder / (RESULTS + ".tmp")
             tmp.write_text(text)

@@ -83,21 +83,12 @@ def _by(rows: Sequence[dict[str, Any]], config: str) -> dict[int, dict[str, Any]
 
 def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per concurrency: the shim's QPS against the direct ceiling, and its p99 and QPS against the legacy app."""
-    shim, direct, legacy = _by(rows, "triton-batching"), _by(rows, "direct"), _by(rows, "legacy")
-    peer = _by(rows, "litserve")
-    out = []
-    for c in sorted(shim):
-        s = shim[c]
-        d, lg, ls = direct.get(c), legacy.get(c), peer.get(c)
-        out.append({
-            "concurrency": c,
-            "shim_vs_direct_qps": s["qps"] / d["qps"] if d and d["qps"] else None,
-            "shim_vs_legacy_qps": s["qps"] / lg["qps"] if lg and lg["qps"] else None,
-            "shim_vs_legacy_p99": s["p99_ms"] / lg["p99_ms"] if lg and lg["p99_ms"] and s["p99_ms"] else None,
-            "shim_vs_litserve_qps": s["qps"] / ls["qps"] if ls and ls["qps"] else None,
-            "shim_vs_litserve_p99": s["p99_ms"] / ls["p99_ms"] if ls and ls["p99_ms"] and s["p99_ms"] else None,
-        })
-    return out
+    shim, direct, legacy, peer = (_by(rows, c) for c in ("triton-batching", "direct", "legacy", "litserve"))
+    return [{"concurrency": c, "shim_vs_direct_qps": _ratio(s, direct.get(c), "qps"),
+             "shim_vs_legacy_qps": _ratio(s, legacy.get(c), "qps"),
+             "shim_vs_legacy_p99": _ratio(s, legacy.get(c), "p99_ms"),
+             "shim_vs_litserve_qps": _ratio(s, peer.get(c), "qps"),
+             "shim_vs_litserve_p99": _ratio(s, peer.get(c), "p99_ms")} for c, s in sorted(shim.items())]
 
 
 def ratios_table(rows: Sequence[dict[str, Any]]) -> list[str]:
