@@ -1,31 +1,22 @@
-"""`python -m bench`: the Flask-vs-Triton benchmark (bench/run.py), the front end's (--frontend:
-bench/frontend.py), or one after the other (--both); `python -m bench --memory`: a shim worker's peak memory
-under the worst input its limits accept (bench/memory.py).
+"""`python -m bench` and its modes (docs/benchmarks.md).
 
-The imports stay inside main(): the load generator's spawned child imports this module as well, and
-must not pay for numpy, tritonclient or matplotlib.
+The imports stay inside main(): the load generator's spawned child imports this module too, and must not pay
+for numpy, tritonclient or matplotlib.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    if "--memory" in given:
-        from bench import memory
-
-        return memory.main(memory.parse_args(given))
-    if "--clients" in given:
-        from bench import clients
-
-        return clients.main(clients.parse_args(given))
-    if "--ab" in given:
-        from bench import ab
-
-        return ab.main(ab.parse_args(given))
+    for mode in ("memory", "clients", "ab"):  # modes of their own, each with its own arguments
+        if f"--{mode}" in given:
+            module = importlib.import_module(f"bench.{mode}")
+            return int(module.main(module.parse_args(given)))
     from bench import frontend, run
 
     args = run.parse_args(argv)

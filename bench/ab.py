@@ -1,30 +1,18 @@
 """`python -m bench --ab`: the shim's CPU per image under two or more environments, rows alternated in one run.
 
-A change of the shim's process settings (malloc tuning, a transport) is a few percent of CPU: on a shared
-machine only rows measured one right after the other, in turns, compare. This starts the wheel's Triton on
-the near-free stand-in repository (modelrepo/standin.py: the model costs almost nothing, so the shim's own
-CPU is what is measured), then for each round and each variant a fresh shim with that variant's environment,
-and wrk (C, bench/wrk.py) with the front-end benchmark's JPEG uploads for one window; the shim's and
-Triton's CPU per image come from /proc over that window (bench/cpu.py).
-
-    python -m bench --ab --transport uint8 \\
-        --variant 'fixed threshold=GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4194304' --variant 'default='
-
-A variant is NAME=ENV, ENV being space-separated VAR=VALUE pairs (none: the shim as it ships). A benchmark
-figure, not a test: it asserts nothing.
+A process setting (malloc tuning, a transport) moves a few percent of CPU: only rows measured in turns, on the
+near-free stand-in and by wrk, compare. A variant is NAME=ENV, ENV space-separated VAR=VALUE pairs (none: the
+shim as it ships), e.g. `--variant 'fixed=GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4194304' --variant 'default='`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import cpu, stack, wrk
-from bench.frontend import MODEL, shim_front, triton_pid
+from bench import cpu, frontend, stack, wrk
 from report.percentiles import median
 
 
@@ -37,25 +25,20 @@ def variant(text: str) -> tuple[str, dict[str, str]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from modelrepo.standin import write_standin_repo
-
     binary = wrk.find_or_install()
     if binary is None:
         raise SystemExit("bench --ab needs wrk (apt-get install wrk)")
-    work = Path(tempfile.mkdtemp(prefix="bench-ab-"))
-    (work / "logs").mkdir()
     stopper = stack.Stopper()
     rows: list[dict[str, Any]] = []
-    try:
-        repo = write_standin_repo(work / "standin_repo", keep_torch_models=args.transport == "encoded")
-        script = wrk.lua_script(work / "wrk", stack.sample_jpegs(16, 640, 480))
-        triton = stack.start_triton(repo, work / "triton")
+    with stack.standin_triton("bench-ab-", args.transport == "encoded") as (work, _, triton):
         try:
-            tpid = triton_pid(triton)
+            script = wrk.lua_script(work / "wrk", stack.sample_jpegs(16, 640, 480))
+            tpid = stack.triton_pid(triton)
             for round_ in range(args.rounds):
                 for name, env in args.variant:
-                    with shim_front(work, triton.http_url, repo / MODEL / "labels.txt", args.transport,
-                                    args.workers, args.threads, stopper, extra_env=env) as served:
+                    shim_env = {**frontend.shim_env(triton.http_url, args.transport, args.workers, args.threads),
+                                **env}
+                    with stack.serve_shim(work, shim_env, stopper, args.workers) as served:
                         measure(binary, script, served.url, args.connections, 3, {"shim": (served.process.pid,)})
                         row = measure(binary, script, served.url, args.connections, args.duration,
                                       {"shim": (served.process.pid,), "triton": (tpid,)})
@@ -67,10 +50,7 @@ def main(args: argparse.Namespace) -> int:
                           f"{row['non_2xx']} non-2xx", flush=True)
                     stopper.settle()
         finally:
-            triton.stop()
-    finally:
-        stopper.settle()
-        shutil.rmtree(work, ignore_errors=True)
+            stopper.settle()
     summary = {name: median(r["cpu_ms_per_image"]["shim"] for r in rows if r["variant"] == name)
                for name, _ in args.variant}
     print(json.dumps({"transport": args.transport, "connections": args.connections, "duration_s": args.duration,

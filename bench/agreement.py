@@ -1,26 +1,8 @@
-"""`python -m bench.agreement`: the encoded transport's answers against the legacy app's, on a generated corpus.
+"""`python -m bench.agreement`: the encoded transport's answers against the legacy path's, on bench/corpus.py.
 
-For every upload of bench/corpus.py (205 of them: 1x1 to 4000x3000, JPEG 4:2:0 / 4:2:2 / 4:4:4, progressive,
-grayscale, CMYK, EXIF orientations, PNG, WebP, GIF), two tensors:
-
-  legacy   app.preprocess: Pillow decode + convert("RGB"), Resize, CenterCrop, ToTensor, Normalize, bit for
-           bit what the legacy app's torchvision made
-  encoded  what the encoded transport makes of the same upload: Triton's decode step (`<model>_decode`, its
-           tensor read back) for an upload app/sniff.py forwards; for the others the shim's own CPU path,
-           which is the legacy code (difference 0 by construction, reported as such, with the reason)
-
-Both are made with the preprocessing of one model's description, and go through that model in this process:
-EfficientNet-Lite0, pretrained, as the tests serve it (bench/reference_model.py: modelrepo/export.py's export
-of examples/models/efficientnet_lite0/model.toml, its own Resize(224), mean and std, and its generated decode
-step efficientnet_lite0_decode). Figures: top-1 agreement and top-5 overlap (the share of the legacy top-5 in
-the encoded top-5), and the largest and mean absolute difference of the tensors' values, in pixel levels (1 =
-one step of 0..255). The step Triton serves must carry the description's preprocessing (checked first).
-
-Targets: top-1 agreement >= 99.5 % and mean top-5 overlap >= 99 %: exit 0 when met, 1 when not, 2 when no
-figure could be made.
-
-    python -m bench.agreement                    # starts the wheel's Triton with the decode step's CPU copy
-    python -m bench.agreement --triton-url H:P   # a running Triton (a GPU host's, for the GPU's figures)
+Both tensors of every upload (app.preprocess's; Triton's decode step's, or the shim's CPU path's for an upload
+app/sniff.py keeps) go through the reference model (bench/reference_model.py). Targets: top-1 agreement >= 99.5 %,
+mean top-5 overlap >= 99 %: exit 0 when met, 1 when not. Without --triton-url it starts the wheel's Triton.
 """
 
 from __future__ import annotations
@@ -40,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app import scores as score_functions
+from app.description import compare_parameters
+from app.preprocess import decode, to_tensor
+from app.sniff import cpu_reason
 from bench import corpus, reference_model
+from modelrepo import generate as model_repo
 from report.percentiles import percentile
 
 if TYPE_CHECKING:
@@ -81,8 +68,6 @@ class DecodeStep:
 
     def check(self, description: ModelDescription) -> None:
         """The step must decode with the description's preprocessing, as the shim checks it at readiness."""
-        from app.description import compare_parameters
-
         differ = compare_parameters(self.parameters, description.decode_parameters(), every=True,
                                     described=str(description.path))
         if differ:
@@ -113,9 +98,6 @@ class DecodeStep:
 def encoded_tensors(items: Sequence[corpus.Item], step: DecodeStep, spec: Any,
                     concurrency: int = 4) -> list[tuple[str, np.ndarray]]:
     """(path, tensor) per item as the encoded transport makes it; several requests in flight, as under load."""
-    from app.preprocess import decode, to_tensor
-    from app.sniff import cpu_reason
-
     def one(item: corpus.Item) -> tuple[str, np.ndarray]:
         reason = cpu_reason(item.data, spec)
         if reason is None:
@@ -142,11 +124,8 @@ def logits_of(model: Any, tensors: Sequence[np.ndarray], batch: int = 16) -> np.
 
 def measure(items: Sequence[corpus.Item], step: DecodeStep, description: ModelDescription, *,
             concurrency: int = 4) -> tuple[list[Row], dict[str, Any]]:
-    """Every item through both paths with `description`'s preprocessing and through its model (model.pt beside
-    it): one Row each, and the summary."""
+    """Every item through both paths and the description's model: one Row each, and the summary."""
     import torch
-
-    from app.preprocess import decode, to_tensor
 
     step.check(description)
     spec = description.spec()
@@ -162,8 +141,6 @@ def measure(items: Sequence[corpus.Item], step: DecodeStep, description: ModelDe
         torch.jit.load(str(description.model_file()), map_location="cpu").eval())
     a = dict(zip(differ, logits_of(model, [legacy[i] for i in differ]), strict=True)) if differ else {}
     b = dict(zip(differ, logits_of(model, [encoded[i][1] for i in differ]), strict=True)) if differ else {}
-    from app import scores as score_functions
-
     scores = {"softmax": score_functions.softmax, "sigmoid": score_functions.sigmoid,
               "probabilities": score_functions.probabilities}[description.scores]
     rows = []
@@ -228,20 +205,8 @@ def markdown(rows: Sequence[Row], summary: dict[str, Any], where: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def decode_repo(dest: Path, description: ModelDescription) -> Path:
-    """A repository holding only the description's decode step, as generated (its CPU copy is what the embedded
-    Triton serves)."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    write_decode_step(description, dest)
-    return dest
-
-
 def write_decode_step(description: ModelDescription, repo: Path) -> str:
     """The description's generated decode step (configs and its model.py copy) into `repo`; returns its name."""
-    from modelrepo import generate as model_repo
-
     files = model_repo.the_decode_step(description)
     if not files:
         raise ValueError(description.encoded_refusal())
@@ -274,7 +239,8 @@ def main(argv: Sequence[str] | None = None, on_ready: Callable[[DecodeStep], Non
             from bench import stack
 
             print("agreement: starting the wheel's Triton with the decode step's CPU copy ...", flush=True)
-            server = stack.start_triton(decode_repo(work / "repo", description), work / "triton")
+            write_decode_step(description, work / "repo")  # a repository of the decode step alone
+            server = stack.start_triton(work / "repo", work / "triton")
             url = server.http_url
         step = DecodeStep(url, args.model or description.decode_model)
         if on_ready is not None:

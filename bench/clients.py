@@ -1,19 +1,7 @@
 """`python -m bench --clients`: tritonclient's HTTP and gRPC clients, the CPU each costs per image, per route.
 
-The shim's hop to Triton is a tritonclient call per batch: building the request, sending it, parsing the
-answer, on the shim's side; receiving and answering it on Triton's front. This starts the wheel's Triton on
-the near-free stand-in repository (modelrepo/standin.py) and, for each route and batch size, one client
-after the other (in turns, twice), a process of --threads threads, each with its own client (as the shim's
-batchers have), in a closed loop for --duration seconds. It reads that process's CPU (its rusage) and
-Triton's (/proc, bench/cpu.py) per image.
-
-    route    model                what one image is
-    fp32     <model>              FP32 [3, 224, 224] (SHIM_TRANSPORT=http)
-    uint8    <model>_uint8        UINT8 [224, 224, 3] (SHIM_TRANSPORT=uint8)
-    encoded  <model>_encoded      the JPEG's bytes, UINT8 [-1] (SHIM_TRANSPORT=encoded; Triton decodes it:
-                                  its CPU column is mostly the decode)
-
-A benchmark figure, not a test: it asserts nothing.
+On the near-free stand-in, per route (fp32, uint8, encoded: the shim's transports) and batch size, each client
+in turns: a process of --threads clients in a closed loop; its CPU (rusage) and Triton's (/proc) per image.
 """
 
 from __future__ import annotations
@@ -22,10 +10,8 @@ import argparse
 import json
 import multiprocessing
 import resource
-import shutil
-import tempfile
+import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from bench import cpu, stack
@@ -50,8 +36,6 @@ def batch_of(route: str, batch: int, jpeg: bytes) -> Any:
 def client_loop(kind: str, url: str, route: str, batch: int, jpeg: bytes, threads: int, duration_s: float,
                 results: Any) -> None:
     """In a process of its own: `threads` clients in a closed loop; puts (images, cpu_s, errors)."""
-    import threading
-
     if kind == "grpc":
         import tritonclient.grpc as client
     else:
@@ -104,7 +88,7 @@ def measure(kind: str, triton: Any, tpid: int, route: str, batch: int, jpeg: byt
                                                         args.duration, results))
     cpu.wait_idle((tpid,), timeout_s=20)
     process.start()
-    # Triton's window: from when the clients are warm (the first put arrives only after the window) to the end.
+    # Triton's window: from when the clients are warm to the end (the first put comes after the window)
     time.sleep(0.5)
     first = cpu.snapshot({"triton": (tpid,)})
     images, client_s, errors = results.get(timeout=args.duration + 120)
@@ -117,32 +101,20 @@ def measure(kind: str, triton: Any, tpid: int, route: str, batch: int, jpeg: byt
 
 
 def main(args: argparse.Namespace) -> int:
-    from bench.frontend import triton_pid
-    from modelrepo.standin import write_standin_repo
-
-    work = Path(tempfile.mkdtemp(prefix="bench-clients-"))
     rows: list[dict[str, Any]] = []
-    try:
-        repo = write_standin_repo(work / "standin_repo", keep_torch_models="encoded" in args.routes)
+    with stack.standin_triton("bench-clients-", "encoded" in args.routes) as (_, _, triton):
         jpeg = stack.sample_jpegs(1, 640, 480)[0]
-        triton = stack.start_triton(repo, work / "triton")
-        try:
-            tpid = triton_pid(triton)
-            for route in args.routes:
-                for batch in args.batches if route != "encoded" else [1]:
-                    for round_ in range(args.rounds):
-                        for kind in ("http", "grpc"):
-                            row = measure(kind, triton, tpid, route, batch, jpeg, args)
-                            row["round"] = round_ + 1
-                            rows.append(row)
-                            print(f"  {route} batch {batch} {kind} (round {round_ + 1}): {row['images_per_s']:.0f} "
-                                  f"images/s, client {row['client_cpu_ms_per_image'] or 0:.3f} ms CPU per image, "
-                                  f"Triton {row['triton_cpu_ms_per_image'] or 0:.3f}; {row['errors']} errors",
-                                  flush=True)
-        finally:
-            triton.stop()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        tpid = stack.triton_pid(triton)
+        for route in args.routes:
+            for batch in args.batches if route != "encoded" else [1]:
+                for round_ in range(args.rounds):
+                    for kind in ("http", "grpc"):
+                        row = measure(kind, triton, tpid, route, batch, jpeg, args)
+                        row["round"] = round_ + 1
+                        rows.append(row)
+                        print(f"  {route} batch {batch} {kind} (round {round_ + 1}): {row['images_per_s']:.0f} "
+                              f"images/s, client {row['client_cpu_ms_per_image'] or 0:.3f} ms CPU per image, "
+                              f"Triton {row['triton_cpu_ms_per_image'] or 0:.3f}; {row['errors']} errors", flush=True)
     summary = {}
     for route in args.routes:
         for batch in sorted({r["batch"] for r in rows if r["route"] == route}):

@@ -1,11 +1,6 @@
-"""The agreement corpus: 200+ uploads of every kind the contract accepts, generated in code, never stored.
-
-Sizes from 1x1 to 4000x3000 (and a 4000x60 strip), each in several encodings: JPEG with 4:2:0, 4:2:2 and
-4:4:4 chroma at several qualities, progressive, grayscale, CMYK, EXIF orientations 2-8; PNG (RGB, RGBA,
-palette, 16-bit grayscale, grayscale), WebP (lossy, lossless) and GIF. The pictures are smooth gradients,
-shapes and noise (tests/sample_images.photo plus drawn shapes), deterministic from their index: the same
-bytes on every machine, so two runs compare the same inputs. The largest sizes come as JPEGs only (a 12 MP
-PNG takes seconds to make and is no different a test of the decoders).
+"""The agreement corpus: 200+ uploads of every kind the contract accepts (1x1 to 4000x3000; JPEG subsamplings,
+progressive, grayscale, CMYK, EXIF orientations; PNG, WebP, GIF), generated in code from their index, the
+same bytes on every machine, never stored in git.
 """
 
 from __future__ import annotations
@@ -125,8 +120,7 @@ def _picture(width: int, height: int) -> Image.Image:
 
 
 def cached(limit: int | None = None, max_pixels: int | None = None, folder: Path = CACHE) -> list[Item]:
-    """items(), made once into `folder` (.cache/, never committed) and read back after: about 30 s to make on
-    2 busy cores, a second to read. The folder is named after a hash of this module, so a change remakes it."""
+    """items(), made once into `folder` (named after this module's hash) and read back after."""
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
     where = folder / digest
     index = where / "index.json"

@@ -1,25 +1,8 @@
 """CPU time of whole process trees over a measured window, read with psutil (on Linux, from /proc).
 
-A group is named by its root PIDs (the shim's gunicorn master, tritonserver, the legacy app's master, the
-floor's processes, the load generator's processes); its members are the roots and all their descendants
-at the moment of each snapshot, found from the parent PIDs. A snapshot holds each member's user + system
-and children_user + children_system CPU seconds (psutil's cpu_times(): the kernel's clock ticks,
-os.sysconf('SC_CLK_TCK') per second, divided out), and the group's CPU over a window is the change between
-two snapshots:
-
-  * a member alive at both ends counts end - start;
-  * a member that appears during the window (a respawned gunicorn worker, a python-backend stub) counts
-    from 0;
-  * a member that exits during the window is gone from the process table. When its parent (a member too)
-    reaps it, the kernel adds the child's whole user + system time (and the time of the grandchildren it
-    reaped) to the parent's children times; so the window also counts the members' children-time
-    deltas, minus what each exited member had already used at the start (counted before the window,
-    not in it). A member reaped by a process outside the tree (reparented to init after its parent
-    died) or not yet reaped at the end (a zombie keeps its times, so it is still counted as alive) is
-    the only case this misses; none of the measured servers does that.
-
-Every snapshot is taken by the one process that knows when the window opens and closes: the load
-generator's child for the HTTP rows (bench/loadgen.py), the orchestrator for the floor.
+A group is its root PIDs and their descendants at each snapshot; a member born in the window counts from 0. One
+that exits is reaped by its parent (a member), whose children times then hold its whole time: so the window
+counts the members' children-time deltas too, minus what each exited member had used before it.
 """
 
 from __future__ import annotations
@@ -68,16 +51,14 @@ def descendants(roots: Iterable[int], table: Mapping[int, Stat]) -> set[int]:
 
 @dataclass
 class Snapshot:
-    """Per group: {pid: (own seconds, reaped children's seconds)} of every member at one moment; and the whole
-    machine's (busy, idle) seconds, summed over its CPUs."""
+    """Per group {pid: (own, reaped children's) seconds} of every member, and the machine's (busy, idle) seconds."""
 
     groups: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
     machine: tuple[float, float] = (0.0, 0.0)
 
 
 def machine_seconds() -> tuple[float, float]:
-    """(busy, idle) seconds of all CPUs since boot: user nice system irq softirq steal (guest time is already
-    inside user), and idle iowait (psutil's fields; other platforms than Linux lack some)."""
+    """(busy, idle) seconds of all CPUs since boot (guest time is inside user already)."""
     t = psutil.cpu_times()
 
     def get(name: str) -> float:
@@ -93,13 +74,11 @@ def snapshot(groups: Mapping[str, Iterable[int]]) -> Snapshot:
                      for name, roots in groups.items()}, machine_seconds())
 
 
-MACHINE = "machine"  # the whole machine's busy CPU, beside the groups: what the groups do not explain is
-                     # other work (the benchmark's orchestrator, anything else running on the machine)
+MACHINE = "machine"  # the whole machine's CPU beside the groups: what they do not explain is other work
 
 
 def window_seconds(start: Snapshot, end: Snapshot) -> dict[str, dict[str, float]]:
-    """Per group: CPU seconds used between the snapshots, and how many processes the group had; plus
-    MACHINE: every CPU's busy and idle seconds."""
+    """Per group: CPU seconds between the snapshots and its processes; MACHINE: all CPUs' busy and idle seconds."""
     out = {}
     for name, at_end in end.groups.items():
         at_start = start.groups.get(name, {})
@@ -127,9 +106,7 @@ def children_of(pid: int) -> list[int]:
 
 
 def wait_idle(roots: Iterable[int], busy_below: float = 0.1, interval_s: float = 0.3, timeout_s: float = 60) -> float:
-    """Wait until the process trees under `roots` use less than `busy_below` of one core over `interval_s`
-    (a server whose first worker answers while the others still import torch is not ready to be measured);
-    returns the seconds waited. Gives up quietly after timeout_s."""
+    """Wait (at most timeout_s, quietly) until the trees under `roots` use under `busy_below` of a core."""
     roots = tuple(roots)
     started = time.monotonic()
     previous = snapshot({"g": roots})

@@ -1,27 +1,8 @@
-"""`bench/device_check.sh`'s measurement, for the day a GPU machine is lent (see the script's header for how).
-
-Three stages, one call each, every one writing its section of the results file as soon as it has it:
-
-  a  libraries   `ldd` of the wheel's tritonserver, its python backend, the stub of this Python and the cache
-                 library: every "not found" line goes into the results (the server would not start)
-  b  python env  in the environment the python backend's stub gets (devstack.wheel.server_environment): the
-                 interpreter, numpy (below 2 for the wheel's Triton 2.51, whose stub pybind11 2.10 cannot read
-                 numpy 2), torch, and CUDA initialised (torch.cuda.init, one allocation)
-  c  measure     the repository generated on the machine from the descriptions (triton_repo's model.toml files:
-                 configs and the decode steps' model.py, never carried), the kit's own bench model beside
-                 resnet50 for the batch sizes past its description's max_batch_size; the wheel's Triton on it;
-                 first a smoke check (one JPEG through the decode step: its tensor's device, dtype and shape, and
-                 its difference from the shim's CPU path, with one answer compared), then:
-    model_only   the bench model in torch and through Triton, batch 1 to 64
-    decode       resnet50_decode: images/s, whether JPEGs cut short are refused, the agreement with the legacy
-                 path on the generated corpus (efficientnet_lite0_decode: bench/agreement.py)
-    shim         the shim per transport (fp32, uint8, encoded) at 16, 64 and 256 connections
-
---dry-run runs all three stages on a CPU machine with the GPU plan's shapes (every batch size, the described
-instance counts, every model and stage, the whole corpus) and a near-free model (modelrepo/standin.py) in place
-of ResNet-50, KIND_CPU in place of KIND_GPU and short windows: `make test` runs it from a copy of the work tree
-as a lent machine receives it (bench/device_check.sh), so every step that can fail there for a reason other
-than the GPU fails here first. A step that fails is recorded with its error and the others still run.
+"""`bench/device_check.sh`'s measurement on a lent GPU machine, in three stages (the script's header says how):
+a, ldd of the wheel's server, backend and stub; b, numpy, torch and CUDA in the python backend's environment;
+c, the repository generated from the descriptions, the wheel's Triton on it, a smoke check, then the model alone,
+the decode step (with the agreement) and the shim per transport. Each step's figures or error go into the
+results file as soon as it has them. --dry-run: every stage on a CPU, the GPU plan's shapes, a near-free model.
 """
 
 from __future__ import annotations
@@ -61,7 +42,6 @@ class Plan:
     warmup_s: float
     window_s: float
     decode_s: float
-    corpus_limit: int | None
     gpu: bool
     shim_workers: int
     loadgen_processes: int
@@ -71,11 +51,10 @@ class Plan:
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 CONNECTIONS = (16, 64, 256)
 FULL = Plan(arch="resnet50", batches=BATCHES, connections=CONNECTIONS, warmup_s=2.0, window_s=5.0,
-            decode_s=8.0, corpus_limit=None, gpu=True,
-            shim_workers=max(2, len(os.sched_getaffinity(0)) // 2), loadgen_processes=4)
+            decode_s=8.0, gpu=True, shim_workers=max(2, len(os.sched_getaffinity(0)) // 2), loadgen_processes=4)
 # The dry run's connections are scaled to 2 cores and one shim worker (256 there are answered 503 overloaded).
 DRY = Plan(arch="resnet18", batches=BATCHES, connections=(4, 8, 16), warmup_s=0.2, window_s=0.6, decode_s=0.6,
-           corpus_limit=None, gpu=False, shim_workers=1, loadgen_processes=1, near_free=True)
+           gpu=False, shim_workers=1, loadgen_processes=1, near_free=True)
 
 
 class Results:
@@ -110,9 +89,7 @@ class Results:
     def write(self) -> None:
         self.data["elapsed_s"] = round(time.monotonic() - self.started, 1)
         text = json.dumps(self.data, indent=2, default=str)
-        for folder in (self.out, self.keep):
-            if folder is None:
-                continue
+        for folder in filter(None, (self.out, self.keep)):
             folder.mkdir(parents=True, exist_ok=True)
             tmp = folder / (RESULTS + ".tmp")
             tmp.write_text(text)
@@ -138,8 +115,6 @@ def machine() -> dict[str, Any]:
         info["torch"] = f"unavailable: {e}"
     return info
 
-
-# -- stages a and b: what the server and its python backend need ------------------------------------------------
 
 def libraries() -> dict[str, Any]:
     """ldd of every binary the server loads from the wheel: each "not found" line, named by its file."""
@@ -181,8 +156,7 @@ print(json.dumps(out))
 
 
 def python_env(plan: Plan) -> dict[str, Any]:
-    """The python backend's stub embeds the first python3 on the PATH the server gets: that interpreter imports
-    numpy and torch and initialises CUDA here, with the server's environment."""
+    """numpy, torch and CUDA in the python3 the python backend's stub embeds, with the server's environment."""
     from devstack.wheel import server_environment
 
     env = server_environment()
@@ -201,11 +175,8 @@ def python_env(plan: Plan) -> dict[str, Any]:
     return out
 
 
-# -- the repository ---------------------------------------------------------------------------------------------
-
 def bench_description(root: Path, dest: Path) -> Any:
-    """The kit's own model for the model-only rows: resnet50's description under another name with
-    max_batch_size 64, written as a description of its own (resnet50's is never edited)."""
+    """resnet50's description under the kit's name with max_batch_size 64, for the model-only rows."""
     from app.description import load
 
     text = (root / "triton_repo" / DESCRIBED / "model.toml").read_text()
@@ -224,9 +195,7 @@ def bench_description(root: Path, dest: Path) -> Any:
 
 
 def build_repo(dest: Path, plan: Plan, root: Path = ROOT) -> Path:
-    """triton_repo as committed, its generated files (configs, the decode steps' model.py) written from the
-    descriptions here and now, labels and TorchScript exported, the bench model beside it; then checked as the
-    embedded server checks a repository (a file missing or a config edited behind its description fails here)."""
+    """triton_repo, generated from its descriptions here, models exported, the bench model beside it; checked."""
     from app.description import load
     from devstack.cpu_repo import model_dirs
     from modelrepo import generate
@@ -266,37 +235,21 @@ def build_repo(dest: Path, plan: Plan, root: Path = ROOT) -> Path:
 
 
 def check_repo(repo: Path) -> None:
-    """The embedded server's own check, before starting it: every model's files there, every generated file
-    its description's (devstack.cpu_repo.check_model_files)."""
+    """The embedded server's own check of a repository's files (devstack.cpu_repo.check_model_files)."""
     from devstack.cpu_repo import check_model_files
 
     check_model_files(repo)
 
 
 def start_triton(repo: Path, work: Path, plan: Plan) -> Any:
-    from devstack import EmbeddedTriton, EmbeddedTritonConfig, launch
+    from bench import stack
 
-    ports = {launch.free_port() for _ in range(8)}
-    http, grpc, metrics = sorted(ports)[:3]
-    config = EmbeddedTritonConfig(model_repository=repo, cache_dir=work, http_port=http, grpc_port=grpc,
-                                  metrics_port=metrics, startup_timeout_s=300, gpu=plan.gpu)
-    return EmbeddedTriton(config).start()
+    return stack.start_triton(repo, work, plan.gpu, startup_timeout_s=300)
 
-
-def triton_pid(triton: Any) -> int:
-    from bench import cpu
-
-    port = f"--http-port={triton.config.http_port}"
-    (pid,) = cpu.find_pids(lambda argv: Path(argv[0]).name == "tritonserver" and port in argv)
-    return pid
-
-
-# -- the steps --------------------------------------------------------------------------------------------------
 
 def closed_loop(url: str, call: Callable[[Any], int], threads: int, seconds: float, warmup_s: float) -> dict[str, Any]:
-    """`threads` threads calling call(client) in a loop (each returns the images it did): images/s over the
-    calls that began after the warmup, each thread going on past the window until it has finished one (a large
-    batch on a busy CPU may take longer than a short window)."""
+    """`threads` threads calling call(client) (the images it did): images/s of the calls begun after the warmup;
+    a thread goes on past the window until it has finished one (a large batch may outlast a short window)."""
     import tritonclient.http as httpclient
 
     done = [0] * threads
@@ -374,8 +327,7 @@ def model_only(triton: Any, plan: Plan, results: Results) -> dict[str, Any]:
 
 
 def smoke(triton: Any, plan: Plan) -> dict[str, Any]:
-    """One JPEG through the decode step, before the long measurement: in this process on the device (the step's
-    own code: its tensor's device, dtype and shape), and through Triton, compared with the shim's CPU path."""
+    """One JPEG through the decode step in this process (device, dtype, shape) and through Triton, vs the CPU path."""
     import importlib.util
 
     import numpy as np
@@ -470,7 +422,7 @@ def decode_step(triton: Any, plan: Plan) -> dict[str, Any]:
     reference = reference_model.reference()
     step = agreement.DecodeStep(triton.http_url, reference.decode_model)
     try:
-        rows, summary = agreement.measure(corpus.cached(limit=plan.corpus_limit), step, reference,
+        rows, summary = agreement.measure(corpus.cached(), step, reference,
                                           concurrency=16 if plan.gpu else 2)
     finally:
         step.close()
@@ -482,9 +434,8 @@ def decode_step(triton: Any, plan: Plan) -> dict[str, Any]:
 
 
 def shadow_tolerance(summary: dict[str, Any]) -> dict[str, Any]:
-    """SHIM_SHADOW_TOLERANCE for the encoded transport from this device's figures: the largest class-score
-    difference between the decode step's and the legacy path's answers over the forwarded corpus, doubled and
-    rounded up to one significant digit, so that the decoder's own difference never reads as a mismatch."""
+    """SHIM_SHADOW_TOLERANCE for the encoded transport: the largest score difference from the legacy path over
+    the forwarded corpus, doubled and rounded up to one digit (the decoder's own difference is no mismatch)."""
     import math
 
     figures = summary.get("forwarded") or summary["all"]
@@ -504,7 +455,7 @@ def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan, results: Results)
     from devstack import launch
 
     jpegs = stack.sample_jpegs(16)
-    tpid = triton_pid(triton)
+    tpid = stack.triton_pid(triton)
     rows = []
     (work / "logs").mkdir(parents=True, exist_ok=True)
     shims = {}  # every transport's shim starts at once (they idle while another is measured)
@@ -543,8 +494,6 @@ def shim_rows(triton: Any, repo: Path, work: Path, plan: Plan, results: Results)
                 served.stop(graceful=False)
     return rows
 
-
-# -- the report -------------------------------------------------------------------------------------------------
 
 def markdown(data: dict[str, Any]) -> str:
     m, steps = data["machine"], data["steps"]

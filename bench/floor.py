@@ -1,10 +1,5 @@
-"""The floor of the shim's request path: decode + FP32 preprocess alone, in N processes, no HTTP.
-
-Each process (spawned: nothing inherited) loops over the same JPEGs the HTTP rows upload, running exactly
-what the shim runs per image (`app.preprocess.decode` then `to_tensor`), for a warm-up and then the same
-measured window as the other rows, all processes on one clock. What it returns is the load generator's
-Outcome (one "request" per image), so the report reads it like any other row; the orchestrator reads
-the processes' CPU time from /proc when the window opens and closes (bench/cpu.py).
+"""The floor of the shim's request path: `app.preprocess.decode` + `to_tensor` alone in N spawned processes on
+the benchmark's JPEGs, no HTTP, for the same warm-up and window as the other rows (one Outcome, as a row).
 """
 
 from __future__ import annotations
@@ -37,11 +32,7 @@ def _work(conn: multiprocessing.connection.Connection, jpegs: Sequence[bytes], o
         while (started := time.monotonic()) < window_end:
             to_tensor(decode(jpegs[k % len(jpegs)], spec), spec)
             k += 1
-            ended = time.monotonic()
-            out.starts.append(started - window_start)
-            out.ends.append(ended - window_start)
-            out.latencies.append(ended - started)
-            out.errors.append("")
+            out.record(started, time.monotonic(), window_start)
         conn.send(out)
     except Exception:
         conn.send(traceback.format_exc())
@@ -49,8 +40,7 @@ def _work(conn: multiprocessing.connection.Connection, jpegs: Sequence[bytes], o
 
 def run_floor(jpegs: Sequence[bytes], processes: int, warmup_s: float, duration_s: float,
               extra_watch: dict[str, tuple[int, ...]] | None = None) -> tuple[Outcome, dict[str, dict[str, float]]]:
-    """Decode + preprocess in `processes` processes for warmup_s + duration_s; the merged Outcome and the
-    CPU of the floor's processes (group "floor") and of `extra_watch`'s groups over the window."""
+    """Decode + preprocess in `processes` processes: the merged Outcome and the CPU of each group over the window."""
     ctx = multiprocessing.get_context("spawn")
     pipes, workers = [], []
     for index in range(processes):
@@ -82,10 +72,7 @@ def run_floor(jpegs: Sequence[bytes], processes: int, warmup_s: float, duration_
             answer = conn.recv()
             if isinstance(answer, str):
                 raise RuntimeError(f"{worker.name} failed:\n{answer}")
-            merged.starts += answer.starts
-            merged.ends += answer.ends
-            merged.latencies += answer.latencies
-            merged.errors += answer.errors
+            merged.add(answer)
         return merged, cpu.window_seconds(first, last)
     finally:
         for conn, worker in zip(pipes, workers, strict=True):

@@ -1,12 +1,6 @@
-"""The front-end report's second look at the shim rows: wrk's figures beside the Python load generator's, each
-row's CPU per image in the shim and in Triton, what a GPU host would serve, and the encoded transport's target.
-
-  GPU-host estimate  cores x 1000 / the shim's CPU ms per image: the images/s the shim's processes alone would
-                     let through if Triton's share of the CPU (the model, and with `encoded` the decode)
-                     went to a GPU and the shim had the cores to itself. An estimate from CPU per image, not a
-                     measurement (bench/device_check.sh measures it on a GPU host).
-  encoded target     the shim's CPU per image with `encoded` <= 0.4 x its CPU per image with the best tensor
-                     transport (the lower of fp32 and uint8), the same run.
+"""The front-end report's wrk cross-check of the shim rows, the GPU-host estimate (cores x 1000 / the shim's CPU ms
+per image: an estimate, not a measurement) and the encoded target (its shim CPU per image <= 0.4 x that of the
+best tensor transport, the same run).
 """
 
 from __future__ import annotations
@@ -45,12 +39,9 @@ def lines(rows: Sequence[dict[str, Any]], cores: int, wrk_note: str | None) -> l
     if not shims:
         return []
     out = ["## The shim rows: wrk beside the Python load generator, CPU per image, a GPU host's estimate", "",
-           "Each shim row was measured twice in this run, one window right after the other: by the benchmark's "
-           "Python load generator (the table above) and by wrk (C, `bench/wrk.py`, the same multipart bodies). "
-           "CPU ms per image of the shim's processes and of Triton's over each window (/proc). `GPU host "
-           f"(estimate)` = {cores} cores x 1000 / the shim's CPU ms per image: what the shim would let through "
-           "with Triton's share on a GPU (an estimate, not a measurement); `per 16 cores` the same for a 16-core "
-           "host such as the one bench/device_check.sh runs on.", ""]
+           "Each shim row measured twice, one window after the other: by the Python load generator (above) and by "
+           f"wrk (`bench/wrk.py`, the same bodies). `GPU host (estimate)` = {cores} cores x 1000 / the shim's CPU ms "
+           "per image, with Triton's share on a GPU (not a measurement); `per 16 cores` the same for 16 cores.", ""]
     if wrk_note:
         out += [wrk_note, ""]
     out += ["| row | clients | images/s (Python) | images/s (wrk) | wrk / Python | shim CPU ms/img (Python) | "

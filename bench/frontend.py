@@ -1,76 +1,48 @@
-"""`python -m bench --frontend`: what the shim's CPU work around a near-free model lets through, in one run.
+"""`python -m bench --frontend`: the shim's CPU per image around a near-free model, as on a GPU host.
 
-On a GPU host the model is almost free and the CPU work around it decides how many images reach it: HTTP
-and multipart parsing, JPEG decode, preprocessing, tensor serialisation and the hop to Triton. This mode
-makes the model near-free here too and measures, one row after the other, with the same JPEGs and clients:
-
-  floor         `app.preprocess.decode` + `to_tensor` in N processes (N = usable cores), no HTTP: the
-                least CPU any front end must spend per image (bench/floor.py)
-  legacy front  examples/legacy_app.py under gunicorn (2 workers x 8 threads by default) with a near-free
-                TorchScript model of resnet50's interface: the old app's own front-end cost
-  shim [t]      the shim (its own default workers and threads) -> Triton, one row per transport t
-                (SHIM_TRANSPORT=t in the shim's environment; bench.run.TRANSPORTS, or --transports)
-  direct        ready-made FP32 tensors straight to the same Triton: its cost without any front end
-
-Each shim row is measured twice, one window after the other: by the Python load generator, then by wrk (C,
-bench/wrk.py) with the same bodies, so that a row's figure is known to be the shim's, not the harness's
-(--no-wrk skips it). The `encoded` row's Triton decodes and resizes on the CPU here (resnet50_decode's CPU
-copy): read its shim CPU per image, and the GPU-host estimate made from it (bench/frontcheck.py).
-
-The near-free model: modelrepo/standin.write_standin_repo() writes a copy of triton_repo into the run's
-own folder (never triton_repo/) whose resnet50 and normalize are numpy python-backend stand-ins with the
-exact interfaces (input__0 FP32 [3,224,224] -> output__0 FP32 [1000], max batch 32; logit k = the sum of
-the k-th of 1000 slices of the input, so every input value is read), served by the embedded Triton. The
-legacy app gets the same arithmetic as a scripted torch module (near_free_torchscript below).
-
-Every row reads the CPU time of the shim's, Triton's, the legacy app's, the floor's and the load
-generator's process trees from /proc over its measured window (bench/cpu.py). With --profile, py-spy
-records one shim worker of the best transport over one more window (bench/profile.py).
+Rows, one after the other with the same JPEGs and clients: the decode + preprocess floor (bench/floor.py),
+the legacy front, the shim per transport (each cross-checked by wrk, bench/wrk.py), and tensors straight to
+Triton; docs/benchmarks.md says what each row is, bench/RESULTS.md how to read them.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
-import time
-from collections.abc import Iterator, Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import cpu, floor, frontcheck, stack, wrk
+from bench import floor, frontcheck, stack, wrk
 from bench import profile as pyspy
 from bench.loadgen import LoadGenerator
 from bench.report import cpu_columns, cpu_split, front_markdown, front_ratios, summarize
-from bench.run import IMAGE_SIZE, IMAGES, Run, Target
+from bench.run import Run, Started, Target, finish
+from devstack import launch
+from devstack.cpu_repo import read_config
+from modelrepo.standin import write_standin_repo
 
 ROOT = stack.ROOT
 MODEL = "resnet50"
 
 
-# -- the near-free models -----------------------------------------------------------------------------------
-
 def model_interface(repo: Path, model: str = MODEL) -> tuple[str, list[int], str, int]:
     """(input name, input dims, output name, classes) from the repository's config.pbtxt."""
-    from devstack.cpu_repo import read_config
-
     config = read_config(repo / model / "config.pbtxt")
     (inp,), (out,) = config.input, config.output
     return inp.name, [int(d) for d in inp.dims], out.name, int(out.dims[-1])
 
 
 def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path:
-    """A scripted torch module with modelrepo/triton_models/near_free_classifier.py's arithmetic, saved at dest.
-
-    Logit k is the sum of the k-th of `classes` slices of the flattened input, the slices bounded by
-    numpy.linspace(0, size, classes + 1) as the stand-in's reduceat does; checked against it here.
-    """
+    """modelrepo/triton_models/near_free_classifier.py's arithmetic (logit k: the sum of the k-th of `classes`
+    slices of the input) as scripted torch, checked against the stand-in's reduceat and saved at dest."""
     import numpy as np
     import torch
 
@@ -101,23 +73,9 @@ def near_free_torchscript(dest: Path, dims: Sequence[int], classes: int) -> Path
     return dest
 
 
-# -- the servers --------------------------------------------------------------------------------------------
-
-def triton_pid(triton: Any) -> int:
-    """The tritonserver process serving on triton's HTTP port, found by its command line."""
-    port = f"--http-port={triton.config.http_port}"
-    pids = cpu.find_pids(lambda argv: Path(argv[0]).name == "tritonserver" and port in argv)
-    if len(pids) != 1:
-        raise SystemExit(f"bench: expected one tritonserver with {port}, found {pids}")
-    return pids[0]
-
-
-@contextlib.contextmanager
 def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads: int,
-                 stopper: stack.Stopper) -> Iterator[Any]:
+                 stopper: stack.Stopper) -> contextlib.AbstractContextManager[Any]:
     """examples/legacy_app.py under gunicorn, `workers` x `threads` (gthread), on a free port."""
-    from devstack import launch
-
     port = launch.free_port()
     env = {**os.environ, "LEGACY_MODEL_PATH": str(model_pt), "LEGACY_LABELS_PATH": str(labels)}
     cmd = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
@@ -125,47 +83,16 @@ def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads:
            "examples.legacy_app:app"]
     print(f"starting the legacy app ({workers} workers x {threads} threads, near-free TorchScript) ...", flush=True)
     served = launch.ServedApp("legacy app", cmd, env, port, out / "logs" / f"legacy-front-{port}.log")
-    try:
-        served.wait("/", status=404, timeout_s=180)  # no health endpoint: any contract answer means it is up
-        wait_for_children(served.process.pid, workers)
-        yield served
-    finally:
-        stopper.later(served.stop)
+    return stack.serving(served, stopper, "/", 404, 180, workers)  # no health endpoint: any contract answer will do
 
 
-@contextlib.contextmanager
-def shim_front(out: Path, triton_url: str, labels: Path, transport: str, workers: int, threads: int,
-               stopper: stack.Stopper, extra_env: dict[str, str] | None = None) -> Iterator[Any]:
-    from devstack import launch
-
-    env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
-           **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport, **(extra_env or {})}
-    print(f"starting the shim (SHIM_TRANSPORT={transport}, {workers} workers x {threads} threads) ...", flush=True)
-    served = launch.start_shim(out / "logs", env)
-    try:
-        served.wait("/readyz", timeout_s=120)
-        wait_for_children(served.process.pid, workers)
-        yield served
-    finally:
-        stopper.later(served.stop)
-
-
-def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
-    """gunicorn's workers, once all `count` have forked and the whole tree is idle: the first answer may come
-    while another worker still imports its app (torch, for the legacy app)."""
-    from devstack.waiting import wait_until
-
-    deadline = time.monotonic() + timeout_s
-    wait_until(lambda: len(cpu.children_of(pid)) >= count, timeout_s, f"{count} gunicorn workers", interval_s=0.1)
-    cpu.wait_idle((pid,), timeout_s=max(1.0, deadline - time.monotonic()))
-    return cpu.children_of(pid)
+def shim_env(triton_url: str, transport: str, workers: int, threads: int) -> dict[str, str]:
+    return {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
+            **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
 
 
 def reported_transport(url: str) -> str:
     """What the shim says it uses: /readyz's "transport", "unknown" when /readyz does not answer."""
-    import urllib.error
-    import urllib.request
-
     with contextlib.suppress(OSError, ValueError):
         try:
             body = urllib.request.urlopen(url + "/readyz", timeout=10).read()
@@ -177,24 +104,20 @@ def reported_transport(url: str) -> str:
     return "unknown"
 
 
-# -- one run ------------------------------------------------------------------------------------------------
-
-class FrontRun:
+class FrontRun(Run):
     def __init__(self, args: argparse.Namespace, out: Path, loadgen: LoadGenerator,
                  stopper: stack.Stopper | None = None) -> None:
-        self.args, self.out, self.loadgen = args, out, loadgen
-        self.run = Run(args, out, loadgen)  # the request builders, driving, the CSV of every request
+        super().__init__(args, out, loadgen)
         if stopper is not None:  # servers of an earlier part still stopping: the first window waits for them
-            self.run.stopper = stopper
-        self.rows = self.run.rows
-        self.configurations = self.run.configurations
+            self.stopper = stopper
         self.wrk: str | None = None  # the binary, when the shim rows are cross-checked
         self.wrk_script: Path | None = None
 
-    def close(self) -> None:
-        self.run.close()
+    def shim(self, triton_url: str, transport: str) -> contextlib.AbstractContextManager[Any]:
+        env = shim_env(triton_url, transport, self.args.shim_workers, self.args.shim_threads)
+        return stack.serve_shim(self.logs, env, self.stopper, self.args.shim_workers)
 
-    def measure(self, config: str, kind: str, label: str, description: str, url: str, requests: tuple[bytes, ...],
+    def measure_row(self, config: str, kind: str, label: str, description: str, url: str, requests: tuple[bytes, ...],
                 expect: bytes, watch: dict[str, tuple[int, ...]], transport: str | None = None,
                 shim_metrics: str | None = None, triton_metrics: str | None = None,
                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -204,7 +127,7 @@ class FrontRun:
                         extra={"kind": kind, "transport": transport, **(extra or {})})
         row: dict[str, Any] = {}
         for concurrency in self.args.levels:
-            row = self.run.measure_one(target, concurrency)
+            row = self.measure_one(target, concurrency)
             machine = row.get("machine") or {}
             print("    CPU ms per image: " + ", ".join(f"{g} {v:.2f}" for g, v in row["cpu_ms_per_image"].items()
                                                         if v is not None)
@@ -222,20 +145,17 @@ class FrontRun:
             if split:
                 print("    the shim's CPU ms per image: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()),
                       flush=True)
-            if row["errors"] or row["warmup_errors"]:
-                print(f"  !! {label} c={concurrency}: {row['errors']} errors ({row['error_kinds']}), "
-                      f"{row['warmup_errors']} in warm-up; see {self.out / 'logs'}", flush=True)
         return row
 
     def measure_floor(self, processes: int) -> None:
         label = f"floor: decode + preprocess, {processes} processes"
         description = (f"`app.preprocess.decode` + `to_tensor` (FP32) in {processes} spawned processes on the same "
-                       f"{len(self.run.jpegs)} JPEGs, no HTTP, {self.args.warmup:g} s + {self.args.duration:g} s")
+                       f"{len(self.jpegs)} JPEGs, no HTTP, {self.args.warmup:g} s + {self.args.duration:g} s")
         self.configurations.append({"config": "floor", "label": label, "description": description})
         print(f"{label} ...", flush=True)
-        self.run.stopper.settle()
+        self.stopper.settle()
         load_before = os.getloadavg()[0]
-        outcome, window = floor.run_floor(self.run.jpegs, processes, self.args.warmup, self.args.duration,
+        outcome, window = floor.run_floor(self.jpegs, processes, self.args.warmup, self.args.duration,
                                           {"loadgen": self.loadgen.pids})
         row = {"config": "floor", "kind": "floor", "transport": None, "label": label, "number": None,
                "concurrency": min(self.args.levels), "processes": processes, **summarize(outcome), "breakdown": {},
@@ -244,7 +164,7 @@ class FrontRun:
         row.update(cpu_columns(window, row["answers"]))
         row["loadgen_cpu_pct"] = row["loadgen_cpu_ms_per_request"] = None
         self.rows.append(row)
-        self.run.record("floor", processes, outcome)
+        self.record("floor", processes, outcome)
         print(f"  {label}: {row['qps']:.1f} images/s, CPU {row['cpu_ms_per_image']['floor']:.2f} ms per image "
               f"({window['floor']['processes']} processes); rest of the machine "
               f"{(row.get('machine') or {}).get('other_cpu_ms_per_image') or 0:.2f}, idle "
@@ -253,7 +173,7 @@ class FrontRun:
 
 def profile_row(front: FrontRun, served: Any, tpid: int, transport: str) -> dict[str, Any]:
     """One more window on a fresh shim with `transport`, py-spy recording its first worker while it is measured."""
-    pid = wait_for_children(served.process.pid, front.args.shim_workers)[0]
+    pid = stack.wait_for_children(served.process.pid, front.args.shim_workers)[0]
     raws = {"working": front.out / f"profile-{transport}-{pid}.raw",
             "gil": front.out / f"profile-{transport}-{pid}-gil.raw"}
     state: dict[str, Any] = {}
@@ -264,13 +184,13 @@ def profile_row(front: FrontRun, served: Any, tpid: int, transport: str) -> dict
 
     label = f"shim [{transport}] under py-spy"
     target = Target(f"shim-{transport}-profiled", label, f"the shim with SHIM_TRANSPORT={transport} again, "
-                    f"py-spy recording worker {pid}", served.url, front.run.predict_requests(served.url),
+                    f"py-spy recording worker {pid}", served.url, front.predict_requests(served.url),
                     b'"predictions"', watch={"shim": (served.process.pid,), "triton": (tpid,),
                                              "loadgen": front.loadgen.pids},
                     extra={"kind": "profiled", "transport": transport})
     front.configurations.append({"config": target.config, "label": label, "description": target.description})
     concurrency = max(front.args.levels)
-    row = front.run.measure_one(target, concurrency, attach)
+    row = front.measure_one(target, concurrency, attach)
     if not state:
         return {"pid": pid, "error": "the measured window never opened"}
     result = {kind: pyspy.finish(state[kind], raw, front.args.duration, gil=kind == "gil")
@@ -285,10 +205,8 @@ def profile_row(front: FrontRun, served: Any, tpid: int, transport: str) -> dict
 
 def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None = None,
          stopper: stack.Stopper | None = None) -> int:
-    started = time.monotonic()
-    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
-    stamp = datetime.datetime.now().astimezone()
-    out = (out or args.out or ROOT / "bench" / "out" / f"{stamp:%Y%m%d-%H%M%S}-frontend").resolve()
+    started = Started.now(argv)
+    out = (out or args.out or ROOT / "bench" / "out" / f"{started.stamp:%Y%m%d-%H%M%S}-frontend").resolve()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     usable = len(os.sched_getaffinity(0))
     processes = args.floor_processes or usable
@@ -298,8 +216,6 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
           f"{args.duration:g} s per row: {rows_planned} rows, about "
           f"{(rows_planned * (args.warmup + args.duration) + 15 + 8 * rows_planned) / 60:.0f} min; output in {out}",
           flush=True)
-
-    from modelrepo.standin import write_standin_repo
 
     repo = write_standin_repo(out / "standin_repo", keep_torch_models="encoded" in args.transports)
     input_name, dims, output_name, classes = model_interface(repo)
@@ -317,7 +233,7 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
         if not args.no_wrk:
             front.wrk = wrk.find_or_install()
             if front.wrk:
-                front.wrk_script = wrk.lua_script(out / "wrk", front.run.jpegs)
+                front.wrk_script = wrk.lua_script(out / "wrk", front.jpegs)
             else:
                 wrk_note = "wrk is not installed (and could not be: needs apt-get as root): no cross-check."
                 print(f"note: {wrk_note}", flush=True)
@@ -326,93 +242,58 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
         try:
             front.measure_floor(processes)
             with legacy_front(out, model_pt, labels, args.legacy_workers, args.legacy_threads,
-                              front.run.stopper) as served:
-                front.measure("legacy-front", "legacy", f"legacy front, gunicorn {args.legacy_workers}x"
+                              front.stopper) as served:
+                front.measure_row("legacy-front", "legacy", f"legacy front, gunicorn {args.legacy_workers}x"
                               f"{args.legacy_threads}",
                               f"examples/legacy_app.py under gunicorn, {args.legacy_workers} workers x "
                               f"{args.legacy_threads} threads, the near-free TorchScript model in-process "
                               "(torchvision transforms, softmax, top 5)",
-                              served.url, front.run.predict_requests(served.url), b'"predictions"',
+                              served.url, front.predict_requests(served.url), b'"predictions"',
                               {"legacy": (served.process.pid,)})
             print("starting Triton (the near-free stand-in repository) ...", flush=True)
             triton = stack.start_triton(repo, work / "triton")
             try:
-                tpid = triton_pid(triton)
-                served_config = front.run.served_config("front", triton.http_url)
+                tpid = stack.triton_pid(triton)
+                served_config = front.served_config("front", triton.http_url)
                 for transport in args.transports:
-                    with shim_front(out, triton.http_url, labels, transport, args.shim_workers,
-                                    args.shim_threads, front.run.stopper) as served:
+                    with front.shim(triton.http_url, transport) as served:
                         reported = reported_transport(served.url)
                         print(f"  the shim reports transport: {reported}", flush=True)
-                        front.measure(f"shim-{transport}", "shim", f"shim [{transport}]",
+                        front.measure_row(f"shim-{transport}", "shim", f"shim [{transport}]",
                                       f"the shim ({args.shim_workers} workers x {args.shim_threads} threads, "
                                       f"SHIM_TRANSPORT={transport}, reports {reported}) -> Triton: {served_config}",
-                                      served.url, front.run.predict_requests(served.url), b'"predictions"',
+                                      served.url, front.predict_requests(served.url), b'"predictions"',
                                       {"shim": (served.process.pid,), "triton": (tpid,)}, transport=transport,
                                       shim_metrics=served.url + "/metrics", triton_metrics=triton.metrics_url,
                                       extra={"transport_reported": reported})
-                front.measure("direct-front", "direct", "direct tritonclient -> Triton",
+                front.measure_row("direct-front", "direct", "direct tritonclient -> Triton",
                               f"ready-made FP32 [1,{','.join(map(str, dims))}] binary-tensor requests straight to "
                               f"Triton: {served_config}", f"http://{triton.http_url}",
-                              front.run.infer_requests(triton.http_url), b'"outputs"', {"triton": (tpid,)},
+                              front.infer_requests(triton.http_url), b'"outputs"', {"triton": (tpid,)},
                               triton_metrics=triton.metrics_url)
                 if args.profile:
                     level = max(args.levels)
                     shims = [r for r in front.rows if r["kind"] == "shim" and r["concurrency"] == level]
                     best = max(shims, key=lambda r: r["qps"])["transport"] if shims else args.transports[0]
                     print(f"profiling one shim worker, transport {best} (the best by throughput) ...", flush=True)
-                    with shim_front(out, triton.http_url, labels, best, args.shim_workers,
-                                    args.shim_threads, front.run.stopper) as served:
+                    with front.shim(triton.http_url, best) as served:
                         profile = profile_row(front, served, tpid, best)
             finally:
-                def stop_triton() -> None:
-                    triton.stop()
-                    with contextlib.suppress(OSError):
-                        shutil.copy(triton.log_path, out / "logs" / "tritonserver-front.log")
-
-                front.run.stopper.later(stop_triton)
+                front.stopper.later(lambda: stack.stop_keeping_log(triton, out / "logs" / "tritonserver-front.log"))
         finally:
-            front.run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after Triton, which uses it
+            front.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after Triton, which uses it
             front.close()
 
-    if front.run.triton_server:
-        machine["triton_server"] = {k: front.run.triton_server.get(k) for k in ("name", "version")}
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     if usable <= 4:
         notes.append(f"Only {usable} CPU cores: the load generator, the server under test and Triton share them; "
                      "read ratios measured in one run, not absolutes.")
-    report = {
-        "mode": "frontend",
-        "command": command,
-        "started": stamp.isoformat(timespec="seconds"),
-        "elapsed_s": time.monotonic() - started,
-        "machine": machine,
-        "model": {"name": MODEL, "repository": str(repo), "legacy_model": str(model_pt),
-                  "description": f"near-free (a stand-in with resnet50's interface: {input_name} FP32 {dims} -> "
-                                 f"{output_name} FP32 [{classes}], one pass over the input)"},
-        "settings": {"warmup_s": args.warmup, "duration_s": args.duration, "concurrency": args.levels,
-                     "images": IMAGES, "image_size": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}", "timeout_s": args.timeout,
-                     "quick": args.quick, "loadgen_processes": args.loadgen_processes,
-                     "floor_processes": processes, "transports": list(args.transports),
-                     "shim_workers": args.shim_workers, "shim_threads": args.shim_threads,
-                     "legacy_workers": args.legacy_workers, "legacy_threads": args.legacy_threads},
-        "configurations": front.configurations,
-        "triton_configs": front.run.triton_configs,
-        "results": front.rows,
-        "ratios": front_ratios(front.rows),
-        "encoded_checks": frontcheck.encoded_checks(front.rows),
-        "crosscheck_lines": frontcheck.lines(front.rows, usable, wrk_note),
-        "profile": profile,
-        "notes": notes,
-    }
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    (out / "results.md").write_text(front_markdown(report))
-    print()
-    print((out / "results.md").read_text())
-    errors = sum(r["errors"] + r.get("warmup_errors", 0) for r in front.rows)
-    print(f"written: {out / 'results.json'}, {out / 'results.md'}, {out / 'requests.csv'} "
-          f"({time.monotonic() - started:.0f} s)")
-    if errors:
-        print(f"{errors} requests failed: see the table and {out / 'logs'}", file=sys.stderr)
-        return 1
-    return 0
+    settings = {"floor_processes": processes, "transports": list(args.transports), "shim_workers": args.shim_workers,
+                "shim_threads": args.shim_threads, "legacy_workers": args.legacy_workers,
+                "legacy_threads": args.legacy_threads}
+    report = front.report(started, machine, notes, settings, mode="frontend",
+                          model={"name": MODEL, "repository": str(repo), "legacy_model": str(model_pt),
+                                 "description": f"near-free (a stand-in with resnet50's interface: {input_name} FP32 "
+                                                f"{dims} -> {output_name} FP32 [{classes}], one pass over the input)"},
+                          ratios=front_ratios(front.rows), encoded_checks=frontcheck.encoded_checks(front.rows),
+                          crosscheck_lines=frontcheck.lines(front.rows, usable, wrk_note), profile=profile)
+    return finish(front, report, front_markdown, started)

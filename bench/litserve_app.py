@@ -1,12 +1,7 @@
-"""A peer to compare with: the same model behind LitServe 0.2.19, as a new user would serve it.
+"""A peer to compare with: the same model behind LitServe 0.2.19, as a new user would serve it (batches of 8
+within 10 ms, the legacy app's transform, the contract's JSON; its own 400s). Needs the dev and legacy extras.
 
     LITSERVE_MODEL_PATH=model.pt LITSERVE_LABELS_PATH=labels.txt LITSERVE_PORT=8000 python -m bench.litserve_app
-
-POST /predict with the multipart field `image` (as the contract's); batches of up to 8 within 10 ms (LitServe's
-own batcher), torchvision's Resize(256) / CenterCrop(224) / ToTensor / Normalize (the legacy app's), softmax,
-top 5, in the contract's JSON shape. Bad uploads answer 400 as LitServe does (its own error body): this is a
-throughput and latency peer, not a second implementation of the contract. Needs the dev extra (litserve,
-python-multipart) and the legacy extra (torch, torchvision).
 """
 
 

@@ -1,16 +1,8 @@
 """A closed-loop HTTP/1.1 load generator cheap enough not to be what a benchmark measures.
 
-It runs in a process of its own (spawned: no GIL or fork state shared with the orchestrator) with one
-asyncio loop and one keep-alive connection per virtual client. Every request is built before the run,
-request line, headers and multipart or binary-tensor body in one `bytes`, so sending one costs a
-socket write and answering it a status line, a few headers and a body read by Content-Length. Each
-answer is checked (status 200 and a marker the body must hold); anything else counts as an error,
-never as a fast success.
-
-A run is a warm-up, then a fixed measured window: a request counts when it completes inside the
-window, and its latency is what it took end to end. The process time the generator itself used over
-the window is returned with the samples, so its cost can be printed beside the server's throughput.
-This module imports only the standard library: the spawned child starts in a fraction of a second.
+A spawned process, one asyncio loop, one keep-alive connection per client; every request is prebuilt bytes and
+every answer is checked (status 200 and a marker), so an error never counts as a fast success. Standard library
+only: the child starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -31,6 +23,7 @@ from typing import Any
 DONE, ERRORS, PHASE = 0, 1, 2
 IDLE, WARMUP, MEASURE, DRAIN = 0.0, 1.0, 2.0, 3.0
 PHASES = {IDLE: "idle", WARMUP: "warm-up", MEASURE: "measure", DRAIN: "drain"}
+BOUNDARY = "benchboundary7e3f9a2c41d8"  # of every multipart upload (bench/wrk.py's too)
 
 
 @dataclass(frozen=True)
@@ -45,11 +38,9 @@ class Job:
     timeout_s: float = 60.0
     first_client: int = 0  # index of this process's first client, when several processes share a run
     start_at: float | None = None  # time.monotonic() (one clock for every process) at which the warm-up starts
-    # Process trees whose CPU time this process reads from /proc when the window opens and closes:
-    # ((group name, (root pid, ...)), ...); see bench/cpu.py. Only one of several processes gets it.
+    # (group name, root PIDs) whose CPU this process reads as the window opens and closes (only one process's)
     watch: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    # Local addresses the clients connect from, client i from sources[i % len(sources)]: several loopback
-    # addresses (127.0.0.0/8) look like several hosts to a server that limits per address. Empty: any.
+    # Local addresses client i connects from (i % len): several of 127.0.0.0/8 look like several hosts
     sources: tuple[str, ...] = ()
 
 
@@ -66,14 +57,29 @@ class Outcome:
     unfinished: int = 0  # requests still open when the run gave up waiting for them
     cpu_window: dict[str, dict[str, float]] | None = None  # Job.watch's groups: CPU over the window (bench/cpu.py)
 
+    def record(self, started: float, ended: float, window_start: float, error: str = "") -> None:
+        self.starts.append(started - window_start)
+        self.ends.append(ended - window_start)
+        self.latencies.append(ended - started)
+        self.errors.append(error)
+
+    def add(self, other: Outcome) -> None:
+        """Another process's share of the same run."""
+        self.starts += other.starts
+        self.ends += other.ends
+        self.latencies += other.latencies
+        self.errors += other.errors
+        self.cpu_s += other.cpu_s
+        self.unfinished += other.unfinished
+        self.cpu_window = self.cpu_window or other.cpu_window
+
 
 def multipart_request(host: str, port: int, path: str, field_name: str, filename: str, content_type: str,
                       data: bytes) -> bytes:
     """A POST with one file in multipart/form-data, as `requests.post(url, files={...})` sends it."""
-    boundary = "benchboundary7e3f9a2c41d8"
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field_name}\"; filename=\"{filename}\"\r\n"
-            f"Content-Type: {content_type}\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
-    return post_request(host, port, path, body, f"multipart/form-data; boundary={boundary}")
+    body = (f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{field_name}\"; filename=\"{filename}\"\r\n"
+            f"Content-Type: {content_type}\r\n\r\n").encode() + data + f"\r\n--{BOUNDARY}--\r\n".encode()
+    return post_request(host, port, path, body, f"multipart/form-data; boundary={BOUNDARY}")
 
 
 def post_request(host: str, port: int, path: str, body: bytes, content_type: str,
@@ -83,10 +89,6 @@ def post_request(host: str, port: int, path: str, body: bytes, content_type: str
                *extra_headers]
     head = f"POST {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
     return head.encode() + body
-
-
-def get_request(host: str, port: int, path: str) -> bytes:
-    return f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: keep-alive\r\n\r\n".encode()
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
@@ -169,11 +171,7 @@ async def run_job(job: Job, progress: Any | None = None) -> Outcome:
                 error, keep = "timeout", False
             except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as e:
                 error, keep = type(e).__name__, False
-            ended = time.monotonic()
-            out.starts.append(started - window_start)
-            out.ends.append(ended - window_start)
-            out.latencies.append(ended - started)
-            out.errors.append(error)
+            out.record(started, time.monotonic(), window_start, error)
             if progress is not None:
                 progress[DONE] += 1
                 if error:
@@ -285,13 +283,7 @@ class LoadGenerator:
             if isinstance(answer, str):
                 raise RuntimeError(f"the load generator failed:\n{answer}")
             assert isinstance(answer, Outcome)
-            merged.starts += answer.starts
-            merged.ends += answer.ends
-            merged.latencies += answer.latencies
-            merged.errors += answer.errors
-            merged.cpu_s += answer.cpu_s
-            merged.unfinished += answer.unfinished
-            merged.cpu_window = merged.cpu_window or answer.cpu_window
+            merged.add(answer)
         return merged
 
     @property

@@ -1,28 +1,8 @@
 """`python -m bench --memory`: the peak memory of a shim worker under the worst input its limits accept.
 
-What the limits let one worker hold at once (README "Scale out on Kubernetes", the shim pod's memory):
-
-* SHIM_MAX_PENDING /predict requests, each with a body of SHIM_MAX_UPLOAD_MB: behind nginx, the pod's
-  PROXY_MAX_INFLIGHT (= SHIM_MAX_PENDING) complete uploads may all go to one worker;
-* app.admission.DECODE_SLOTS of them decoding an image of app.preprocess.MAX_IMAGE_PIXELS at once;
-* the legacy model loaded (SHIM_MODE=shadow: legacy answers every request, Triton is called beside it).
-
-This starts the wheel's Triton (the near-free stand-in repository: Triton's memory is not the question), the
-shim under gunicorn with ONE worker, the settings at their defaults (or as SHIM_* variables in this
-environment set them: `SHIM_MAX_PENDING=16 python -m bench --memory`) but for the mode and
-SHIM_PROXY_LOG_ADDRESS (so that the process counting nginx's answers is there too), and sends
-SHIM_MAX_PENDING uploads at once, each a JPEG of MAX_IMAGE_PIXELS pixels padded to just under the upload
-limit, several rounds. SHIM_TRITON_TIMEOUT_S is 120 s here: at its 10 s a request still queued behind the
-decodes would get its 504 and leave, ending the worst case early. --uploads, --pixels and --upload-mb send
-other uploads under the same limits, to see what each part costs.
-
-It reads the peak resident memory of each process from the kernel (VmHWM in /proc/<pid>/status: the
-high-water mark, not a sample) and prints what a pod needs behind nginx, which lets PROXY_MAX_INFLIGHT
-(= SHIM_MAX_PENDING) uploads into the whole pod (at worst all into one worker):
-
-    master + the counting process + worker peak + (SHIM_WORKERS - 1) x worker ready
-
-A benchmark figure, not a test: it asserts nothing, and a run takes about two to three minutes.
+One worker (SHIM_MODE=shadow: the legacy model loaded; other SHIM_* from this environment) gets SHIM_MAX_PENDING
+uploads at once, each a MAX_IMAGE_PIXELS JPEG padded to just under the upload limit; SHIM_TRITON_TIMEOUT_S is
+120 s so that no request leaves early. Peaks are the kernel's VmHWM; bench/RESULTS.md has the figures.
 """
 
 from __future__ import annotations
@@ -32,16 +12,21 @@ import concurrent.futures
 import http.client
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import psutil
+from PIL import Image
+
 from app.admission import DECODE_SLOTS
 from app.preprocess import MAX_IMAGE_PIXELS
-from bench.stack import ROOT, start_triton
+from app.settings import Settings
+from bench.stack import ROOT, standin_triton
 from devstack import launch
+from devstack.proxy import free_udp_port
+from tests.sample_images import encode, photo
 
 BOUNDARY = "benchmemoryboundary"
 
@@ -53,23 +38,8 @@ def status_kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
-def children(pid: int) -> list[int]:
-    """Every child of a process, whichever of its threads started it."""
-    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
-
-
-def cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-
-
 def worst_image(max_pixels: int, max_upload_bytes: int) -> bytes:
-    """A JPEG of max_pixels (a square, photo-like) padded after its end marker to just under the upload limit,
-    with room for the multipart envelope: the largest decode and the largest body the limits accept."""
-    import numpy as np
-    from PIL import Image
-
-    from tests.sample_images import encode, photo
-
+    """A JPEG of max_pixels padded after its end marker to just under the upload limit (with the envelope)."""
     side = int(max_pixels ** 0.5)
     tile = photo(1024, 1024, seed=7)
     pixels = np.tile(tile, (side // 1024 + 1, side // 1024 + 1, 1))[:side, :side]
@@ -101,11 +71,6 @@ def post(port: int, body: bytes, timeout_s: float) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from app.settings import Settings
-    from devstack.proxy import free_udp_port
-    from modelrepo.standin import write_standin_repo
-
-    work = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     given = {k: v for k, v in os.environ.items() if k.startswith("SHIM_")}
     settings = Settings.from_env(given)
     uploads = args.uploads or settings.max_pending
@@ -114,48 +79,45 @@ def main(args: argparse.Namespace) -> int:
     legacy_model = ROOT / "triton_repo" / "resnet50" / "1" / "model.pt"  # what its model.toml names
     if not legacy_model.is_file():
         raise SystemExit(f"{legacy_model} is missing: run `make export` (the legacy model is part of the worst case)")
-    repo = write_standin_repo(work / "standin_repo", keep_torch_models=given.get("SHIM_TRANSPORT") == "encoded")
-    triton = start_triton(repo, work / "triton")
-    env = {**given, "SHIM_TRITON_URL": triton.http_url,  # triton_repo's model.toml: labels, legacy model
-           "SHIM_MODE": given.get("SHIM_MODE", "shadow"),
-           "SHIM_WORKERS": "1", "SHIM_PROXY_LOG_ADDRESS": f"127.0.0.1:{free_udp_port()}",
-           "SHIM_TRITON_TIMEOUT_S": "120"}
-    shim = launch.start_shim(work, env)
-    try:
-        shim.wait("/readyz", timeout_s=300)
-        master = shim.process.pid
-        (worker,) = [pid for pid in children(master) if "app.proxy_log" not in cmdline(pid)]
-        (counter,) = [pid for pid in children(master) if "app.proxy_log" in cmdline(pid)]
-        idle = status_kib(worker, "VmRSS")
-        body = multipart(worst_image(pixels, upload_bytes))
-        print(f"memory: {uploads} uploads of {len(body) / 2**20:.1f} MiB at once, each a {pixels / 1e6:.1f} MP "
-              f"JPEG; SHIM_MAX_PENDING {settings.max_pending}, decode slots {DECODE_SLOTS}; "
-              f"SHIM_MODE={env['SHIM_MODE']} (legacy model {legacy_model.name}, "
-              f"{legacy_model.stat().st_size / 2**20:.0f} MiB, loaded in legacy, shadow and canary)",
-              flush=True)
-        statuses: dict[int, int] = {}
-        started = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(uploads) as pool:
-            for _ in range(args.rounds):
-                for status in pool.map(lambda _: post(shim.port, body, 600), range(uploads)):
-                    statuses[status] = statuses.get(status, 0) + 1
-        elapsed = time.monotonic() - started
-        figures: dict[str, Any] = {
-            "worker_idle_rss_mib": idle / 1024,
-            "worker_peak_rss_mib": status_kib(worker, "VmHWM") / 1024,
-            "master_peak_rss_mib": status_kib(master, "VmHWM") / 1024,
-            "counter_peak_rss_mib": status_kib(counter, "VmHWM") / 1024,
-            "answers": statuses, "seconds": round(elapsed, 1),
-        }
-    finally:
-        shim.stop()
-        triton.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    with standin_triton("bench-memory-", given.get("SHIM_TRANSPORT") == "encoded") as (work, _, triton):
+        env = {**given, "SHIM_TRITON_URL": triton.http_url,  # triton_repo's model.toml: labels, legacy model
+               "SHIM_MODE": given.get("SHIM_MODE", "shadow"),
+               "SHIM_WORKERS": "1", "SHIM_PROXY_LOG_ADDRESS": f"127.0.0.1:{free_udp_port()}",
+               "SHIM_TRITON_TIMEOUT_S": "120"}
+        shim = launch.start_shim(work, env)
+        try:
+            shim.wait("/readyz", timeout_s=300)
+            master = shim.process.pid
+            kids = psutil.Process(master).children()
+            (worker,) = [c.pid for c in kids if "app.proxy_log" not in " ".join(c.cmdline())]
+            (counter,) = [c.pid for c in kids if "app.proxy_log" in " ".join(c.cmdline())]
+            idle = status_kib(worker, "VmRSS")
+            body = multipart(worst_image(pixels, upload_bytes))
+            print(f"memory: {uploads} uploads of {len(body) / 2**20:.1f} MiB at once, each a {pixels / 1e6:.1f} MP "
+                  f"JPEG; SHIM_MAX_PENDING {settings.max_pending}, decode slots {DECODE_SLOTS}; "
+                  f"SHIM_MODE={env['SHIM_MODE']} (legacy model {legacy_model.name}, "
+                  f"{legacy_model.stat().st_size / 2**20:.0f} MiB, loaded in legacy, shadow and canary)",
+                  flush=True)
+            statuses: dict[int, int] = {}
+            started = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(uploads) as pool:
+                for _ in range(args.rounds):
+                    for status in pool.map(lambda _: post(shim.port, body, 600), range(uploads)):
+                        statuses[status] = statuses.get(status, 0) + 1
+            elapsed = time.monotonic() - started
+            figures: dict[str, Any] = {
+                "worker_idle_rss_mib": idle / 1024,
+                "worker_peak_rss_mib": status_kib(worker, "VmHWM") / 1024,
+                "master_peak_rss_mib": status_kib(master, "VmHWM") / 1024,
+                "counter_peak_rss_mib": status_kib(counter, "VmHWM") / 1024,
+                "answers": statuses, "seconds": round(elapsed, 1),
+            }
+        finally:
+            shim.stop()
     workers = settings.workers
     peak, idle_mib = figures["worker_peak_rss_mib"], figures["worker_idle_rss_mib"]
     own = figures["master_peak_rss_mib"] + figures["counter_peak_rss_mib"]
-    # Behind nginx the pod holds PROXY_MAX_INFLIGHT (= SHIM_MAX_PENDING) uploads in all: at worst all in one
-    # worker, the others ready and idle. Without nginx (make run) every worker may hold SHIM_MAX_PENDING.
+    # Behind nginx the pod holds SHIM_MAX_PENDING uploads in all, at worst in one worker; alone, each worker may
     behind_nginx = own + peak + (workers - 1) * idle_mib
     alone = own + workers * peak
     figures.update(pod_behind_nginx_mib=behind_nginx, pod_without_nginx_mib=alone)

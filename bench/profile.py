@@ -1,20 +1,8 @@
 """py-spy on one shim worker over a measured window: the functions that take its time, by own and total share.
 
-py-spy (`pip install py-spy`, in the dev extra) samples the worker's Python stacks from outside, 100 times a
-second, without changing its code: `py-spy record --pid P --duration S --full-filenames --format raw` writes
-one line per distinct stack, `frame;frame;...;leaf count`, each frame `function (file:line)`.
-
-py-spy leaves out threads it sees idle, but a thread blocked in a C call made from Python (a queue's get,
-a Condition's wait, select, the gevent hub's loop) often still looks busy to it. So each sample's leaf line
-is read from the source: a leaf at a blocking call (BLOCKING) is a thread waiting, not working; those samples
-are counted apart and the shares below are of the working samples. `own` is the share of working samples
-where the function was the leaf (its own code and the C calls it made: Pillow's decoder, numpy), `total`
-the share where it was anywhere on the stack (each sample counted once), per function.
-
-A second py-spy records the same worker at the same time with `--gil --nonblocking`: only the thread that
-holds the GIL, which is the Python work that the worker's threads must take turns at. Its samples over
-the window's length say how much of the time the GIL was held at all (near 100 %: the worker is bound by
-its GIL, and more threads cannot help it; more processes can).
+py-spy sees a thread blocked in a C call (a queue's get, select) as busy: a sample whose leaf line is a blocking
+call (BLOCKING) counts as waiting, left out of the shares. A second py-spy (`--gil`) samples the GIL holder
+alone: its share of the window says whether the worker is bound by its GIL.
 """
 
 from __future__ import annotations
@@ -29,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 RATE = 100  # samples per second (py-spy's default)
-# A leaf frame whose line makes one of these calls is a thread waiting for something (its C call blocks).
-# `with self._lock:` (a bare name, no call) is a lock or condition being acquired.
+# A leaf line making one of these calls is a thread waiting (`with self._lock:`: a lock being acquired).
 BLOCKING = re.compile(r"\.(get|wait|wait_for|acquire|select|poll|recv|recv_into|recvfrom|accept|join|sleep)\("
                       r"|\b(sleep|select|wait)\(|\bloop\.run\(|^\s*with\s+[\w.]+:\s*$")
 # Frames every thread has: 100 % of the samples by construction, left out of the ranking by total time.
@@ -39,16 +26,11 @@ BOOTSTRAP = {"Thread._bootstrap (threading.py)", "Thread._bootstrap_inner (threa
 FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 
 
-def py_spy() -> str | None:
-    """The py-spy next to this interpreter (the virtualenv's), else one on PATH."""
-    local = Path(sys.executable).with_name("py-spy")
-    return str(local) if local.is_file() else shutil.which("py-spy")
-
-
 def start(pid: int, seconds: float, raw: Path, gil: bool = False) -> subprocess.Popen[bytes]:
     """Start recording `pid` for `seconds` into `raw` (py-spy's raw format); finish() waits for it. gil: only the
     thread holding the GIL, read without pausing the worker (a second recorder beside the pausing one)."""
-    binary = py_spy()
+    local = Path(sys.executable).with_name("py-spy")  # the virtualenv's, else one on PATH
+    binary = str(local) if local.is_file() else shutil.which("py-spy")
     if binary is None:
         raise SystemExit("--profile needs py-spy: .venv/bin/pip install py-spy (it is in the dev extra)")
     cmd = [binary, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", str(RATE),
@@ -69,8 +51,7 @@ def parse_raw(text: str) -> tuple[Counter[tuple[str, ...]], int]:
 
 
 def short_file(file: str) -> str:
-    """A path as its package sees it: '.../site-packages/PIL/Image.py' -> 'PIL/Image.py',
-    '.../lib/python3.11/threading.py' -> 'threading.py', '<root>/app/service.py' -> 'app/service.py'."""
+    """A path as its package sees it: '.../site-packages/PIL/Image.py' -> 'PIL/Image.py'."""
     for marker in ("/site-packages/", "/dist-packages/"):
         if marker in file:
             return file.rsplit(marker, 1)[1]
@@ -129,9 +110,7 @@ def top(stacks: Counter[tuple[str, ...]], limit: int = 15, skip_waiting: bool = 
     }
 
 
-# The stages of a /predict, by the files their code is in; a sample counts for the stage of the frame nearest
-# its leaf that matches (a socket write inside tritonclient is the Triton call's, gunicorn's body reader called
-# from the view is gunicorn's). First match wins among patterns of one frame.
+# The stages of a /predict by the files of their code: a sample counts for the frame nearest its leaf that matches.
 STAGES = (
     ("Triton request: build, send, parse", re.compile(r"^(tritonclient|geventhttpclient|gevent|grpc)/")),
     ("batcher hand-off", re.compile(r"^app/batching\.py")),
@@ -152,15 +131,8 @@ def stages(stacks: Counter[tuple[str, ...]]) -> dict[str, float]:
     for stack, count in stacks.items():
         if is_waiting(stack[-1]):
             continue
-        name = "other"
-        for frame in reversed(stack):
-            match = FRAME.match(frame)
-            file = short_file(match["file"]) if match else frame
-            found = next((stage for stage, pattern in STAGES if pattern.search(file)), None)
-            if found:
-                name = found
-                break
-        counts[name] += count
+        files = (short_file(m["file"]) if (m := FRAME.match(frame)) else frame for frame in reversed(stack))
+        counts[next((stage for file in files for stage, pattern in STAGES if pattern.search(file)), "other")] += count
     working = sum(counts.values())
     return {name: 100 * counts[name] / working for name in [*(s for s, _ in STAGES), "other"]} if working else {}
 

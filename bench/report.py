@@ -26,10 +26,7 @@ NUMBER = {"direct": 0, "legacy": 1, "triton-instances": 2, "triton-batching": 3,
 
 
 def summarize(outcome: Outcome) -> dict[str, Any]:
-    """QPS and latency percentiles of the answers that completed inside the measured window.
-
-    Errors are counted, by kind, and left out of QPS and latency: a fast 503 is not a fast answer.
-    """
+    """QPS and latency percentiles of the good answers completed inside the window (a fast 503 is no answer)."""
     window = outcome.window_s
     measured = [i for i, end in enumerate(outcome.ends) if 0 <= end < window]
     good = [outcome.latencies[i] * 1000 for i in measured if not outcome.errors[i]]
@@ -61,13 +58,17 @@ def _row(cells: Sequence[object]) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
+def _head(names: Sequence[str], text: int = 1) -> list[str]:
+    """A table's header and its alignment line: `text` left-aligned columns, then numbers."""
+    return [_row(names), _row(["---"] * text + ["--:"] * (len(names) - text))]
+
+
 def ordered(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (ORDER.index(r["config"]), r["concurrency"]))
 
 
 def results_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["source", "configuration", "clients", "QPS", "p50 ms", "p95 ms", "p99 ms", "errors", "answers"]),
-             _row(["---", "---", "--:", "--:", "--:", "--:", "--:", "--:", "--:"])]
+    lines = _head(["source", "configuration", "clients", "QPS", "p50 ms", "p95 ms", "p99 ms", "errors", "answers"], 2)
     for seed in SEED_ROWS:
         lines.append(_row([SEED_SOURCE, seed["label"], "?", seed["qps"], "-", "-", seed["p99_ms"], "-", "-"]))
     for r in ordered(rows):
@@ -82,27 +83,17 @@ def _by(rows: Sequence[dict[str, Any]], config: str) -> dict[int, dict[str, Any]
 
 def ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per concurrency: the shim's QPS against the direct ceiling, and its p99 and QPS against the legacy app."""
-    shim, direct, legacy = _by(rows, "triton-batching"), _by(rows, "direct"), _by(rows, "legacy")
-    peer = _by(rows, "litserve")
-    out = []
-    for c in sorted(shim):
-        s = shim[c]
-        d, lg, ls = direct.get(c), legacy.get(c), peer.get(c)
-        out.append({
-            "concurrency": c,
-            "shim_vs_direct_qps": s["qps"] / d["qps"] if d and d["qps"] else None,
-            "shim_vs_legacy_qps": s["qps"] / lg["qps"] if lg and lg["qps"] else None,
-            "shim_vs_legacy_p99": s["p99_ms"] / lg["p99_ms"] if lg and lg["p99_ms"] and s["p99_ms"] else None,
-            "shim_vs_litserve_qps": s["qps"] / ls["qps"] if ls and ls["qps"] else None,
-            "shim_vs_litserve_p99": s["p99_ms"] / ls["p99_ms"] if ls and ls["p99_ms"] and s["p99_ms"] else None,
-        })
-    return out
+    shim, direct, legacy, peer = (_by(rows, c) for c in ("triton-batching", "direct", "legacy", "litserve"))
+    return [{"concurrency": c, "shim_vs_direct_qps": _ratio(s, direct.get(c), "qps"),
+             "shim_vs_legacy_qps": _ratio(s, legacy.get(c), "qps"),
+             "shim_vs_legacy_p99": _ratio(s, legacy.get(c), "p99_ms"),
+             "shim_vs_litserve_qps": _ratio(s, peer.get(c), "qps"),
+             "shim_vs_litserve_p99": _ratio(s, peer.get(c), "p99_ms")} for c, s in sorted(shim.items())]
 
 
 def ratios_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["clients", "QPS (3) shim / (0) direct", "QPS (3) shim / (1) legacy", "p99 (3) shim / (1) legacy",
-                   "QPS (3) shim / (4) LitServe", "p99 (3) shim / (4) LitServe"]),
-             _row(["--:"] * 6)]
+    lines = _head(["clients", "QPS (3) shim / (0) direct", "QPS (3) shim / (1) legacy", "p99 (3) shim / (1) legacy",
+                   "QPS (3) shim / (4) LitServe", "p99 (3) shim / (4) LitServe"], 0)
     for r in ratios(rows):
         lines.append(_row([r["concurrency"], _f(r["shim_vs_direct_qps"], 2), _f(r["shim_vs_legacy_qps"], 2),
                            _f(r["shim_vs_legacy_p99"], 2), _f(r["shim_vs_litserve_qps"], 2),
@@ -111,10 +102,9 @@ def ratios_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def breakdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["configuration", "clients", "client mean", "in shim", "decode", "preprocess", "shim queue",
+    lines = _head(["configuration", "clients", "client mean", "in shim", "decode", "preprocess", "shim queue",
                    "infer /batch", "postprocess", "shim batch", "Triton queue", "Triton compute", "Triton batch",
-                   "load gen CPU", "load avg"]),
-             _row(["---", *["--:"] * 14])]
+                   "load gen CPU", "load avg"])
     for r in ordered(rows):
         s, t = r["breakdown"].get("shim") or {}, r["breakdown"].get("triton") or {}
         compute = None
@@ -130,29 +120,31 @@ def breakdown_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def ceiling_table(ceiling: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [_row(["request", "clients", "req/s against the stub", "errors", "load gen CPU ms per request"]),
-             _row(["---", "--:", "--:", "--:", "--:"])]
+    lines = _head(["request", "clients", "req/s against the stub", "errors", "load gen CPU ms per request"])
     for r in ceiling:
         lines.append(_row([r["request"], r["concurrency"], _f(r["qps"], 0), r["errors"],
                            _f(r["loadgen_cpu_ms_per_request"], 3)]))
     return lines
 
 
-def markdown(report: dict[str, Any]) -> str:
-    rows, m = report["results"], report["machine"]
+def intro(report: dict[str, Any], *packages: str) -> list[str]:
+    """The command, when and on what machine: a report's first lines."""
+    m = report["machine"]
     gpus = ", ".join(g["name"] for g in m["gpus"]) or "none"
-    s = report["settings"]
+    return [f"`{report['command']}`, {report['started']}, {report['elapsed_s']:.0f} s.", "",
+            f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB, GPU: {gpus}; "
+            f"Python {m['python']}, " + ", ".join(f"{p} {m['packages'].get(p)}" for p in packages)
+            + (f", Triton server {m['triton_server']['version']}" if m.get("triton_server") else "")
+            + f"; load average (1 min) {m['load_average'][0]} at start, {m['load_average_end'][0]} at the end; "
+            f"git {m['git']}.", ""]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows, s = report["results"], report["settings"]
     lines = [
         f"# Benchmark: {report['model']['arch']} ({report['model']['source']})",
         "",
-        f"`{report['command']}`, {report['started']}, {report['elapsed_s']:.0f} s.",
-        "",
-        f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB, GPU: {gpus}; "
-        f"Python {m['python']}, torch {m['packages'].get('torch')}, tritonclient {m['packages'].get('tritonclient')}"
-        + (f", Triton server {m['triton_server']['version']}" if m.get("triton_server") else "")
-        + f"; load average (1 min) {m['load_average'][0]} at start, {m['load_average_end'][0]} at the end; "
-        f"git {m['git']}.",
-        "",
+        *intro(report, "torch", "tritonclient"),
         f"Closed loop, {s['warmup_s']:g} s warm-up (discarded) then {s['duration_s']:g} s measured per row; "
         f"each client sends one of {s['images']} different {s['image_size']} JPEGs as a multipart upload "
         "(direct: the same images as ready-made FP32 [1,3,224,224] tensors). QPS counts good answers; "
@@ -173,13 +165,10 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## Where the time goes",
         "",
-        "Means over each measured run, in ms, from the shim's /metrics and Triton's metrics (deltas over the run). "
-        "`client mean` is what the load generator saw; `in shim` is the shim's own request timer, the rest is "
-        "HTTP and waiting for a gunicorn thread. `shim queue` is the wait in the shim's batcher, `infer /batch` "
-        "one Triton round trip per batch; `Triton queue` and `Triton compute` are per request inside Triton "
-        "(a batched request counts its whole batch's compute); batches are images per call. `load gen CPU` is the "
-        "load generator's own CPU time over the run, in % of one core; `load avg` is the machine's 1-minute load "
-        "average before / after the run, where other work on the machine shows.",
+        "Means over each window, in ms, from the shim's and Triton's metrics: `in shim` is the shim's request "
+        "timer (the rest of `client mean` is HTTP and the wait for a thread), `infer /batch` one Triton round trip, "
+        "`Triton queue` and `compute` per request inside Triton; batches are images per call; `load gen CPU` in % "
+        "of one core; `load avg` the 1-minute load before / after, where other work shows.",
         "",
         *breakdown_table(rows),
         "",
@@ -228,8 +217,6 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-# -- the front-end benchmark (python -m bench --frontend) -----------------------------------------------------
-
 FRONT_KINDS = ("floor", "legacy", "shim", "direct", "profiled")
 # The issue's targets, measured side by side in one run: (name, what, comparison, bound).
 TARGETS = (
@@ -240,16 +227,13 @@ TARGETS = (
 
 
 def cpu_columns(window: dict[str, dict[str, float]], images: int) -> dict[str, Any]:
-    """CPU over the window per process group (bench/cpu.py), the same in milliseconds per good answer, and
-    the machine as a whole: how idle it was, and the busy CPU that none of the groups explains ("other":
-    the benchmark's orchestrator, and whatever else ran on the machine)."""
+    """CPU per process group over the window, per good answer, and the machine's: idle, and busy beyond the groups."""
     groups = {g: w for g, w in window.items() if g != "machine"}
     out: dict[str, Any] = {"cpu": window,
                            "cpu_ms_per_image": {g: (1000 * w["cpu_s"] / images if images else None)
                                                 for g, w in groups.items()}}
     spent = sum(v for v in out["cpu_ms_per_image"].values() if v)
-    # What the row's own processes would serve alone on this machine's cores if they keep them busy (closed loop,
-    # enough clients): the throughput to compare when other work shared the machine during the window.
+    # What the row's own processes would serve alone on this machine's cores: to compare when others shared it
     out["cpu_bound_qps"] = len(os.sched_getaffinity(0)) * 1000 / spent if spent else None
     machine = window.get("machine")
     if machine:
@@ -270,10 +254,7 @@ def _ratio(row: dict[str, Any], base: dict[str, Any] | None, key: str) -> float 
 
 
 def front_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per concurrency: every shim row against the floor and the legacy front, the best one named.
-
-    The floor has no clients (N processes); its one row is compared with every concurrency.
-    """
+    """Per concurrency: every shim row against the floor (its one row) and the legacy front, the best named."""
     floor = next((r for r in rows if r["kind"] == "floor"), None)
     out = []
     for c in sorted({r["concurrency"] for r in rows if r["kind"] == "shim"}):
@@ -328,10 +309,9 @@ FRONT_GROUP = {"floor": "floor", "legacy": "legacy", "shim": "shim", "profiled":
 
 def front_table(rows: Sequence[dict[str, Any]]) -> list[str]:
     floor = next((r for r in rows if r["kind"] == "floor"), None)
-    lines = [_row(["row", "transport", "clients", "images/s", "p50 ms", "p99 ms", "front CPU ms/img",
+    lines = _head(["row", "transport", "clients", "images/s", "p50 ms", "p99 ms", "front CPU ms/img",
                    "Triton CPU ms/img", "loadgen CPU ms/img", "other CPU ms/img", "idle %", "x floor",
-                   "x legacy front", "CPU-bound images/s", "errors"]),
-             _row(["---", "---", *["--:"] * 13])]
+                   "x legacy front", "CPU-bound images/s", "errors"], 2)
     for r in front_ordered(rows):
         legacy = next((x for x in rows if x["kind"] == "legacy" and x["concurrency"] == r["concurrency"]), None)
         group = FRONT_GROUP[r["kind"]]
@@ -350,12 +330,7 @@ def front_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def cpu_split(row: dict[str, Any]) -> dict[str, float] | None:
-    """A shim row's front CPU per image, split by the shim's own shim_cpu_seconds counters; None without them.
-
-    `rest of request` is the request thread's CPU in the app beyond its stages (Flask, the multipart parser,
-    routing, the JSON answer, metrics, the log line); `outside the app` is the rest of the process trees' CPU
-    from /proc (gunicorn's HTTP parsing and socket writes, its thread pool and poller, the master).
-    """
+    """A shim row's front CPU per image, split by the shim's own shim_cpu_seconds counters; None without them."""
     shim = (row.get("breakdown") or {}).get("shim") or {}
     front = (row.get("cpu_ms_per_image") or {}).get("shim")
     parts = {part: shim.get(f"cpu_{part}_ms") for part in CPU_PARTS}
@@ -376,16 +351,12 @@ def cpu_split_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
     if not any(s for _, s in split):
         return []
     lines = ["## Where the shim's CPU goes", "",
-             "Milliseconds of CPU per image, from the shim's own `shim_cpu_seconds_total` counters (each thread's "
-             "CPU clock, waits excluded) over the same window, against its process trees' CPU from /proc (`front`). "
-             "`decode` and `preprocess` are the floor's work done inside the shim; `rest of request` is the "
-             "request thread's other work in the app (Flask, the multipart parser, routing, scores, the JSON "
-             "answer, metrics, the log line); `batch senders` builds, sends and reads the calls to Triton; "
-             "`outside the app` is gunicorn (HTTP parsing, socket writes, its thread pool and poller) and the "
-             "master." + (f" The floor row spends {_ms(floor, 'floor')} ms per image on decode + FP32 preprocess."
-                          if floor else ""), "",
-             _row(["row", "clients", "front CPU ms/img", *CPU_SPLIT, "beyond decode + preprocess"]),
-             _row(["---", *["--:"] * (len(CPU_SPLIT) + 3)])]
+             "ms of CPU per image from the shim's `shim_cpu_seconds_total` counters over the same window, against "
+             "its process trees' (`front`): `rest of request` is the request thread's other work in the app (Flask, "
+             "multipart, scores, JSON, metrics, log), `batch senders` the calls to Triton, `outside the app` "
+             "gunicorn and the master." + (f" The floor spends {_ms(floor, 'floor')} ms per image." if floor else ""),
+             "",
+             *_head(["row", "clients", "front CPU ms/img", *CPU_SPLIT, "beyond decode + preprocess"])]
     for r, s in split:
         if s is None:
             continue
@@ -410,59 +381,42 @@ def profile_lines(profile: dict[str, Any] | None) -> list[str]:
              f"the {profile['seconds']:g} s measured window of one more run, at {profile['rate']} Hz "
              f"({_f(profile.get('qps'))} images/s while profiled: py-spy pauses the worker for each sample).",
              "",
-             f"Working threads: {samples} thread samples that py-spy did not see as idle; {t['waiting_samples']} of "
-             f"them ({_f(100 * t['waiting_samples'] / samples if samples else None, 0)} %) were a thread blocked "
-             f"in a call (a queue, a lock, select: {waiting or 'none'}) and are left out. The shares are of the "
-             f"other {t['working_samples']}: own = the function's own code and the C calls it made (Pillow's "
-             "decoder, numpy; a thread that waits to take the GIL back after such a call counts there too), "
-             "total = anywhere on the stack.",
+             f"{samples} thread samples py-spy saw busy; {t['waiting_samples']} "
+             f"({_f(100 * t['waiting_samples'] / samples if samples else None, 0)} %) were blocked in a call "
+             f"({waiting or 'none'}) and are left out. Shares of the other {t['working_samples']}: own = the "
+             "function's code and its C calls, total = anywhere on the stack.",
              ""]
     split = profile["working"].get("stages") or {}
     if split:
         lines += ["By stage of a request (bench/profile.STAGES: the frame nearest each sample's leaf that names "
-                  "one):", "", _row(["stage", "working samples %"]), _row(["---", "--:"])]
+                  "one):", "", *_head(["stage", "working samples %"])]
         lines += [_row([name, _f(share)]) for name, share in split.items()]
         lines.append("")
     for key, title in (("by_own", "by own time"), ("by_total", "by total time")):
-        lines += [f"Top {len(t[key])} {title}:", "", _row(["function", "own %", "total %"]),
-                  _row(["---", "--:", "--:"])]
+        lines += [f"Top {len(t[key])} {title}:", "", *_head(["function", "own %", "total %"])]
         lines += [_row([e["function"], _f(e["own_pct"]), _f(e["total_pct"])]) for e in t[key]]
         lines.append("")
     lines += [f"The GIL holder (`py-spy --gil`, at the same time): the GIL was held "
               f"{_f(g['held_pct'], 0)} % of the window ({g['samples']} samples); what held it, by own time:", "",
-              _row(["function", "own %", "total %"]), _row(["---", "--:", "--:"])]
+              *_head(["function", "own %", "total %"])]
     lines += [_row([e["function"], _f(e["own_pct"]), _f(e["total_pct"])]) for e in g["top"]["by_own"]]
     lines.append("")
     return lines
 
 
 def front_markdown(report: dict[str, Any]) -> str:
-    rows, m, s = report["results"], report["machine"], report["settings"]
-    gpus = ", ".join(g["name"] for g in m["gpus"]) or "none"
+    rows, s = report["results"], report["settings"]
     lines = [
         "# Front-end benchmark: the shim's CPU per image against the decode + preprocess floor",
         "",
-        f"`{report['command']}`, {report['started']}, {report['elapsed_s']:.0f} s.",
-        "",
-        f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB, GPU: {gpus}; "
-        f"Python {m['python']}, tritonclient {m['packages'].get('tritonclient')}"
-        + (f", Triton server {m['triton_server']['version']}" if m.get("triton_server") else "")
-        + f"; load average (1 min) {m['load_average'][0]} at start, {m['load_average_end'][0]} at the end; "
-        f"git {m['git']}.",
-        "",
+        *intro(report, "tritonclient"),
         f"Closed loop, {s['warmup_s']:g} s warm-up (discarded) then {s['duration_s']:g} s measured per row; "
         f"each client uploads one of {s['images']} different {s['image_size']} JPEGs. The model is "
-        f"{report['model']['description']}. CPU columns: milliseconds of CPU (user + system) per good answer, "
-        "over the measured window, of whole process trees read from /proc: `front` is the shim's gunicorn "
-        "master and workers (the legacy app's for the legacy row, the floor's processes for the floor), "
-        "`Triton` tritonserver and its python-backend stubs, `loadgen` the load generator, `other` the busy CPU "
-        "of the machine (/proc/stat) that none of those explains: the benchmark's orchestrator, and anything "
-        "else running on the machine; `idle %` the share of all cores' time left idle. A row whose `other` is "
-        "more than a few tenths of a ms shared the machine with other work: compare it with care. `CPU-bound "
-        "images/s` = cores x 1000 / (the row's front + Triton + loadgen CPU ms per image): what the row's own "
-        "processes would serve if they had the machine to themselves and kept it busy, the number to compare "
-        "when other work took CPU during a window (it is not a measurement, and it overstates a row that "
-        "leaves cores idle when alone).",
+        f"{report['model']['description']}. CPU columns: ms of CPU per good answer over the window, of whole "
+        "process trees (/proc): `front` the server under test (or the floor's processes), `Triton` with its "
+        "stubs, `loadgen`, and `other`, the machine's busy CPU none of those explains (a row with more than a "
+        "few tenths of a ms shared the machine: compare it with care). `CPU-bound images/s` = cores x 1000 / "
+        "(front + Triton + loadgen ms per image): an estimate of the row alone on the machine, not a measurement.",
         "",
         "## Rows",
         "",

@@ -1,23 +1,8 @@
-"""Reproduce the seed's Flask-vs-Triton table on this machine, in one run: `make bench` (`python -m bench`).
+"""`python -m bench` (make bench): the seed's Flask-vs-Triton table, reproduced on this machine in one run.
 
-    python -m bench                       # resnet50, clients 1,4,16,32, 5 s warm-up + 20 s per row
-    python -m bench --quick               # resnet18, clients 1,8, 1 s + 3 s per row: under 2 minutes
-    python -m bench --triton-url localhost:8000 --shim-url http://localhost:5000   # a running deployment
-
-Configurations (--configs names), each started by the tool itself on loopback (free ports), one at a time:
-  (1) legacy            examples/legacy_app.py under gunicorn, one process (the "before")
-  (2) triton-instances  the shim -> Triton with 2 model instances, no dynamic batching, and the shim's own
-                        batcher off (SHIM_MAX_BATCH_SIZE=1): no batching anywhere, as in the seed's row
-  (3) triton-batching   the shim (its defaults) -> Triton with 2 instances and dynamic batching
-  (0) direct            ready-made FP32 tensors, one image per request, straight to the Triton of (3): the ceiling
-  (4) litserve          a peer: the same model behind LitServe 0.2.19 (bench/litserve_app.py), batches of 8 / 10 ms
-The Triton configs of (2) and (3) are triton_repo's, read as ModelConfig protobufs with only the dynamic
-batching and instance count changed, served by the embedded Triton (a CPU copy, as `make triton` does).
-
-A load generator in its own process (bench/loadgen.py) drives each with real multipart JPEG uploads,
-closed loop, for a warm-up and then a measured window; its own ceiling is measured first against a stub.
-Output in bench/out/<time>-<arch>/ (or --out): results.json, results.md, results.png, requests.csv
-(every request's latency), logs/.
+Configurations (--configs), started on loopback in turn: (1) legacy, the old app in one process; (2) triton-instances,
+no batching anywhere; (3) triton-batching, the shim's defaults; (0) direct, ready tensors to (3)'s Triton; (4)
+litserve, a peer. Output in bench/out/<time>-<arch>/: results.json, .md, .png, requests.csv (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -25,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import dataclasses
 import datetime
 import json
 import os
@@ -40,22 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app import settings as shim_settings
 from bench import stack
 from bench.loadgen import Job, LoadGenerator, Outcome, StubServer, multipart_request, post_request
 from bench.report import NUMBER, ORDER, SEED_ROWS, cpu_columns, markdown, plot, ratios, summarize
+from devstack import launch
+from modelrepo.export import write_labels
 
 ROOT = stack.ROOT
 CONFIGS = ORDER
 
 
-def shim_transports() -> tuple[str, ...]:
-    """The shim's SHIM_TRANSPORT values, one front-end row each: its own list (app.settings.TRANSPORTS)."""
-    from app import settings
-
-    return tuple(settings.TRANSPORTS)
-
-
-TRANSPORTS = shim_transports()
+TRANSPORTS = tuple(shim_settings.TRANSPORTS)  # the shim's SHIM_TRANSPORT values: one front-end row each
 DEFAULTS = {"arch": "resnet50", "duration": 20.0, "warmup": 5.0, "concurrency": "1,4,16,32"}
 QUICK = {"arch": "resnet18", "duration": 3.0, "warmup": 1.0, "concurrency": "1,8"}
 FRONT_DEFAULTS = {"duration": 20.0, "warmup": 5.0, "concurrency": "16"}  # --frontend
@@ -79,41 +59,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", help=f"closed-loop clients, comma-separated (default {DEFAULTS['concurrency']})")
     p.add_argument("--configs", help=f"which configurations, comma-separated (default all: {','.join(CONFIGS)}; "
                                      "--quick, make test's: all but litserve)")
-    p.add_argument("--triton-url", help="an already-running Triton (host:port, e.g. from docker compose): "
-                                        "no local Triton is started and configuration (2) is skipped")
+    p.add_argument("--triton-url", help="a running Triton (host:port) instead of a local one; skips (2)")
     p.add_argument("--triton-metrics-url", help="its metrics (default: http://<triton host>:8002/metrics)")
-    p.add_argument("--shim-url", help="an already-running shim (e.g. http://localhost:5000) to measure as (3); "
-                                      "needs --triton-url, the Triton it forwards to")
+    p.add_argument("--shim-url", help="a running shim to measure as (3); needs --triton-url, its Triton")
     p.add_argument("--legacy-url", help="an already-running legacy app to measure as (1) instead of starting one")
     p.add_argument("--model-name", default="resnet50", help="the Triton model (default resnet50)")
-    p.add_argument("--model-repository", type=Path,
-                   help="benchmark the model described by <repository>/<model-name>/model.toml (its preprocessing, "
-                        "labels and exported model.pt; modelrepo/export.py) instead of an exported --arch")
-    p.add_argument("--legacy-transform",
-                   help="with --model-repository: the legacy app's transform, module:attribute (default: "
-                        "examples.transforms:<model-name>)")
-    p.add_argument("--legacy-threads", type=int,
-                   help="gunicorn threads of the legacy app (default 4; --frontend: 8 per worker)")
+    p.add_argument("--model-repository", type=Path, help="the model <repository>/<model-name>/model.toml describes")
+    p.add_argument("--legacy-transform", help="with --model-repository: the legacy app's transform, module:attribute "
+                                              "(default examples.transforms:<model-name>)")
+    p.add_argument("--legacy-threads", type=int, help="the legacy app's threads (default 4; --frontend: 8 per worker)")
     p.add_argument("--shim-workers", type=int,
                    help=f"the shim's gunicorn workers (default: the shim's own, {stack.shim_default('workers')})")
     p.add_argument("--shim-threads", type=int,
                    help=f"threads per shim worker (default: the shim's own, {stack.shim_default('threads')}); "
-                        "SHIM_MAX_PENDING becomes threads - 8 per worker (the shim keeps 8 spare threads), and "
-                        "clients beyond all workers' bound get 503s, counted as errors")
+                        "SHIM_MAX_PENDING becomes threads - 8: clients beyond it get 503s, counted as errors")
     p.add_argument("--loadgen-processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                    help="load generator processes sharing the clients (default: cores / 4, from 1 to 4)")
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout in seconds (default 60)")
-    p.add_argument("--out", type=Path, help="output folder (default bench/out/<time>-<arch>, --frontend: "
-                                            "bench/out/<time>-frontend)")
+    p.add_argument("--out", type=Path, help="output folder (default bench/out/<time>-<arch> or -frontend)")
     front = p.add_argument_group("front-end mode (bench/frontend.py)")
     front.add_argument("--both", action="store_true",
-                       help="the Flask-vs-Triton configurations, then the front-end rows, in one process (into "
-                            "<out>/ and <out>/frontend/); --warmup, --duration and --concurrency, when given, "
-                            "apply to both, otherwise each its own (what the test suite runs, with --quick)")
+                       help="the Flask-vs-Triton rows, then the front-end rows (into <out>/frontend/); --warmup, "
+                            "--duration and --concurrency, when given, apply to both")
     front.add_argument("--frontend", action="store_true",
-                       help="the shim's CPU per image with a near-free model: the decode + preprocess floor, the "
-                            "legacy front, the shim per transport, direct; clients 16, 5 s + 20 s per row "
-                            "(--quick: 0.5 s + 1.5 s)")
+                       help="the shim's CPU per image around a near-free model: floor, legacy front, the shim per "
+                            "transport, direct; clients 16, 5 s + 20 s per row (--quick: 0.5 s + 1.5 s)")
     front.add_argument("--transports", default=",".join(TRANSPORTS),
                        help=f"the shim's SHIM_TRANSPORT values, one row each (default {','.join(TRANSPORTS)})")
     front.add_argument("--profile", action="store_true",
@@ -121,28 +91,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     front.add_argument("--floor-processes", type=int, help="processes of the floor row (default: usable cores)")
     front.add_argument("--legacy-workers", type=int, default=2, help="the legacy front's gunicorn workers (default 2)")
     front.add_argument("--no-wrk", action="store_true",
-                       help="skip the cross-check of each shim row with wrk (Debian's C load generator; installed "
-                            "with apt-get when missing and running as root)")
+                       help="skip the cross-check of each shim row with wrk (installed by apt-get as root)")
     args = p.parse_args(argv)
     args.shim_workers = args.shim_workers or stack.shim_default("workers")
     args.shim_threads = args.shim_threads or stack.shim_default("threads")
     if args.frontend and args.both:
         p.error("--both already runs the front-end rows: drop --frontend")
+    args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if args.frontend:
         for flag in ("configs", "triton_url", "shim_url", "legacy_url", "model_pt", "triton_metrics_url"):
             if getattr(args, flag) not in (None, p.get_default(flag)):
                 p.error(f"--{flag.replace('_', '-')} belongs to the Flask-vs-Triton benchmark, not --frontend "
                         "(which starts its own near-free Triton, shim and legacy front)")
-        args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
         if not args.transports or len(set(args.transports)) < len(args.transports):
             p.error(f"--transports {','.join(args.transports)!r}: expected distinct names, e.g. {','.join(TRANSPORTS)}")
         for name in ("floor_processes", "shim_workers", "shim_threads", "legacy_workers"):
             if getattr(args, name) is not None and not 1 <= getattr(args, name) <= 256:
                 p.error(f"--{name.replace('_', '-')} must be from 1 to 256")
-    elif not args.both and (args.profile or args.transports != p.get_default("transports")):
+    elif not args.both and (args.profile or args.transports != list(TRANSPORTS)):
         p.error("--profile and --transports need --frontend or --both")
-    if isinstance(args.transports, str):
-        args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     args.explicit = {k for k in ("duration", "warmup", "concurrency", "legacy_threads") if getattr(args, k) is not None}
     if args.legacy_threads is None:
         args.legacy_threads = 8 if args.frontend else 4
@@ -196,6 +163,20 @@ def ceiling_s(args: argparse.Namespace) -> float:
 
 def fmt_ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} ms"
+
+
+@dataclass(frozen=True)
+class Started:
+    """A run's command line and start: the first fields of its report."""
+
+    command: str
+    stamp: datetime.datetime
+    at: float  # time.monotonic()
+
+    @staticmethod
+    def now(argv: Sequence[str] | None) -> Started:
+        command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
+        return Started(command, datetime.datetime.now().astimezone(), time.monotonic())
 
 
 @dataclass
@@ -258,7 +239,17 @@ class Run:
         finally:
             self._csv_file.close()
 
-    # -- requests ------------------------------------------------------------------------------------------------
+    def report(self, started: Started, machine: dict[str, Any], notes: list[str], settings: dict[str, Any],
+               **fields: Any) -> dict[str, Any]:
+        """results.json: what every run reports, then `fields`."""
+        a = self.args
+        return {"command": started.command, "started": started.stamp.isoformat(timespec="seconds"),
+                "elapsed_s": time.monotonic() - started.at, "machine": machine,
+                "settings": {"warmup_s": a.warmup, "duration_s": a.duration, "concurrency": a.levels, "images": IMAGES,
+                             "image_size": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}", "timeout_s": a.timeout,
+                             "quick": a.quick, "loadgen_processes": a.loadgen_processes, **settings},
+                "configurations": self.configurations, "triton_configs": self.triton_configs, "results": self.rows,
+                "notes": notes, **fields}
 
     def predict_requests(self, url: str) -> tuple[bytes, ...]:
         host, port = stack.split_url(url)
@@ -297,13 +288,11 @@ class Run:
         self.triton_configs[config] = served
         return describe_triton_config(served)
 
-    # -- measuring -----------------------------------------------------------------------------------------------
-
     def job(self, url: str, requests: tuple[bytes, ...], expect: bytes, concurrency: int, warmup_s: float,
-            duration_s: float) -> Job:
+            duration_s: float, watch: tuple[tuple[str, tuple[int, ...]], ...] = ()) -> Job:
         host, port = stack.split_url(url)
         return Job(host=host, port=port, requests=requests, expect=expect, concurrency=concurrency,
-                   warmup_s=warmup_s, duration_s=duration_s, timeout_s=self.args.timeout)
+                   warmup_s=warmup_s, duration_s=duration_s, timeout_s=self.args.timeout, watch=watch)
 
     def drive(self, name: str, job: Job, on_measure: Callable[[], None] | None = None) -> Outcome:
         """Run `job` with a progress bar (on a terminal); on_measure() is called when the window opens."""
@@ -334,15 +323,11 @@ class Run:
         self.configurations.append({"config": target.config, "label": target.label,
                                     "description": target.description})
         for concurrency in self.args.levels:
-            row = self.measure_one(target, concurrency)
-            if row["errors"] or row["warmup_errors"]:
-                print(f"  !! {target.label} c={concurrency}: {row['errors']} errors in the window "
-                      f"({row['error_kinds']}), {row['warmup_errors']} in warm-up; see {self.logs}", flush=True)
+            self.measure_one(target, concurrency)
 
     def measure_one(self, target: Target, concurrency: int,
                     on_measure: Callable[[], None] | None = None) -> dict[str, Any]:
-        """One row: warm-up, measured window, and the metrics' deltas over that window; on_measure() is
-        called as the window opens (after the metrics are read)."""
+        """One row: warm-up, window and the metrics' deltas over it; on_measure() when the window opens."""
         before: dict[str, stack.Samples | None] = {}
 
         def scrape_before() -> None:  # called by drive() when the window opens
@@ -353,9 +338,8 @@ class Run:
 
         self.stopper.settle()
         load_before = os.getloadavg()[0]
-        job = self.job(target.url, target.requests, target.expect, concurrency, self.args.warmup, self.args.duration)
-        if target.watch:
-            job = dataclasses.replace(job, watch=tuple(target.watch.items()))
+        job = self.job(target.url, target.requests, target.expect, concurrency, self.args.warmup, self.args.duration,
+                       tuple((target.watch or {}).items()))
         outcome = self.drive(target.label, job, scrape_before)
         breakdown: dict[str, Any] = {}
         shim_before, triton_before = before.get("shim"), before.get("triton")
@@ -374,6 +358,9 @@ class Run:
         self.record(target.config, concurrency, outcome)
         print(f"  {target.label} c={concurrency}: {row['qps']:.1f} QPS, p50 {fmt_ms(row['p50_ms'])}, "
               f"p99 {fmt_ms(row['p99_ms'])}, {row['errors']} errors", flush=True)
+        if row["errors"] or row["warmup_errors"]:
+            print(f"  !! {target.label} c={concurrency}: {row['errors']} errors in the window "
+                  f"({row['error_kinds']}), {row['warmup_errors']} in warm-up; see {self.logs}", flush=True)
         return row
 
     def record(self, config: str, concurrency: int, outcome: Outcome) -> None:
@@ -383,10 +370,7 @@ class Run:
             self._csv.writerow([config, concurrency, phase, f"{start:.6f}", f"{latency * 1000:.3f}", error])
 
     def ceiling(self, stub_port: int, tensors: bool) -> list[dict[str, Any]]:
-        """The load generator against a stub that answers at once: what it can send, and what that costs it.
-
-        The JPEG uploads at every concurrency; the direct configuration's tensor bodies (5x larger) at the highest.
-        """
+        """The load generator against a stub that answers at once: uploads, and (at the top level) tensor bodies."""
         url = f"http://127.0.0.1:{stub_port}"
         kinds = [("multipart JPEG", self.predict_requests(url), self.args.levels)]
         if tensors:
@@ -404,8 +388,6 @@ class Run:
         return rows
 
 
-# -- the configurations ----------------------------------------------------------------------------------------
-
 @contextlib.contextmanager
 def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path) -> Iterator[Any]:
     description = run.args.description
@@ -415,34 +397,20 @@ def triton_variant(run: Run, work: Path, variant: stack.Variant, model_pt: Path)
     print(f"starting Triton ({variant.name}: {variant.instances} instances, dynamic batching "
           f"{'on' if variant.dynamic_batching else 'off'}) ...", flush=True)
     triton = stack.start_triton(repo, work / f"triton-{variant.name}")
-
-    def stop() -> None:
-        triton.stop()
-        with contextlib.suppress(OSError):
-            shutil.copy(triton.log_path, run.logs / f"tritonserver-{variant.name}.log")
-
     try:
         yield triton
     finally:
-        run.stopper.later(stop)
+        run.stopper.later(lambda: stack.stop_keeping_log(triton, run.logs / f"tritonserver-{variant.name}.log"))
 
 
 @contextlib.contextmanager
-def shim(run: Run, triton_url: str, labels: Path, model_pt: Path, **settings: str) -> Iterator[str]:
-    from devstack import launch
-
+def shim(run: Run, triton_url: str, **settings: str) -> Iterator[str]:
     repository = {"SHIM_MODEL_REPOSITORY": str(run.args.model_repository)} if run.args.model_repository else {}
     env = {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": run.args.model_name,
            **repository,  # the model.toml there names the labels and the legacy model
            **stack.shim_layout(run.args.shim_workers, run.args.shim_threads), **settings}
-    shown = ", ".join(f"{k}={v}" for k, v in env.items())
-    print(f"starting the shim ({shown}) ...", flush=True)
-    served = launch.start_shim(run.logs, env)
-    try:
-        served.wait("/readyz", timeout_s=120)
+    with stack.serve_shim(run.logs, env, run.stopper) as served:
         yield served.url
-    finally:
-        run.stopper.later(served.stop)
 
 
 def gunicorn(run: Run) -> str:
@@ -450,8 +418,6 @@ def gunicorn(run: Run) -> str:
 
 
 def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
-    from devstack import launch
-
     label = "(1) legacy Flask app, 1 process"
     if run.args.legacy_url:
         url = run.args.legacy_url.rstrip("/")
@@ -469,38 +435,30 @@ def run_legacy(run: Run, model_pt: Path, labels: Path) -> None:
         url = served.url
         description = (f"examples/legacy_app.py under gunicorn, 1 worker x {run.args.legacy_threads} threads, "
                        "TorchScript in-process on the CPU (torch's default thread count)")
-    try:
-        if served is not None:
-            served.wait("/", status=404)  # it has no health endpoint: any contract answer means it is up
+    # No health endpoint: any contract answer means it is up
+    with stack.serving(served, run.stopper, "/", 404) if served else contextlib.nullcontext():
         run.measure(Target("legacy", label, description, url, run.predict_requests(url), b'"predictions"'))
-    finally:
-        if served is not None:
-            run.stopper.later(served.stop)
 
 
 def run_litserve(run: Run, model_pt: Path, labels: Path) -> None:
     """The peer: bench/litserve_app.py (LitServe 0.2.19, batches of 8 within 10 ms, the legacy transform)."""
-    from devstack import launch
-
     port = launch.free_port()
     env = {**os.environ, "LITSERVE_MODEL_PATH": str(model_pt), "LITSERVE_LABELS_PATH": str(labels),
            "LITSERVE_PORT": str(port)}
     print("starting LitServe ...", flush=True)
     served = launch.ServedApp("litserve", [sys.executable, "-m", "bench.litserve_app"], env, port,
                               run.logs / f"litserve-{port}.log")
-    try:
-        served.wait("/health", timeout_s=240)
+
+    def stop() -> None:  # LitServe's API server and inference processes outlive its main one: the whole group
+        served.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(served.process.pid, signal.SIGKILL)
+
+    with stack.serving(served, run.stopper, "/health", timeout_s=240, stop=stop):
         run.measure(Target("litserve", "(4) LitServe 0.2.19, batch 8 / 10 ms",
                            "bench/litserve_app.py: LitServe's own batcher (8 images within 10 ms), one inference "
                            "worker on the CPU, torchvision's transform, TorchScript in-process",
                            served.url, run.predict_requests(served.url), b'"predictions"'))
-    finally:
-        def stop() -> None:  # LitServe's API server and inference processes outlive its main one: the whole group
-            served.stop()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(served.process.pid, signal.SIGKILL)
-
-        run.stopper.later(stop)
 
 
 def shim_target(run: Run, config: str, url: str, triton_url: str, triton_metrics: str | None,
@@ -524,11 +482,11 @@ def direct_target(run: Run, triton_url: str, triton_metrics: str | None) -> Targ
                   triton_metrics=triton_metrics)
 
 
-def local_triton_configs(run: Run, work: Path, model_pt: Path, labels: Path) -> None:
+def local_triton_configs(run: Run, work: Path, model_pt: Path) -> None:
     selected = run.args.selected
     if "triton-instances" in selected:
         with triton_variant(run, work, stack.Variant("instances", 2, dynamic_batching=False), model_pt) as triton, \
-                shim(run, triton.http_url, labels, model_pt, SHIM_MAX_BATCH_SIZE="1") as url:
+                shim(run, triton.http_url, SHIM_MAX_BATCH_SIZE="1") as url:
             run.measure(shim_target(run, "triton-instances", url, triton.http_url, triton.metrics_url,
                                     f"{gunicorn(run)}, its batcher off: SHIM_MAX_BATCH_SIZE=1"))
     if {"direct", "triton-batching"} & set(selected):
@@ -536,12 +494,12 @@ def local_triton_configs(run: Run, work: Path, model_pt: Path, labels: Path) -> 
             if "direct" in selected:
                 run.measure(direct_target(run, triton.http_url, triton.metrics_url))
             if "triton-batching" in selected:
-                with shim(run, triton.http_url, labels, model_pt) as url:
+                with shim(run, triton.http_url) as url:
                     run.measure(shim_target(run, "triton-batching", url, triton.http_url, triton.metrics_url,
                                             f"{gunicorn(run)}, its batcher on: the defaults"))
 
 
-def external_triton_configs(run: Run, model_pt: Path, labels: Path) -> None:
+def external_triton_configs(run: Run) -> None:
     triton_url = run.args.triton_url.split("://", 1)[-1].rstrip("/")
     metrics = run.args.triton_metrics_url or f"http://{stack.split_url(triton_url)[0]}:8002/metrics"
     if stack.scrape(metrics) is None:
@@ -555,12 +513,10 @@ def external_triton_configs(run: Run, model_pt: Path, labels: Path) -> None:
             run.measure(shim_target(run, "triton-batching", url, triton_url, metrics, "already running, its own "
                                     "settings"))
         else:
-            with shim(run, triton_url, labels, model_pt) as url:
+            with shim(run, triton_url) as url:
                 run.measure(shim_target(run, "triton-batching", url, triton_url, metrics,
                                         f"{gunicorn(run)}, the defaults"))
 
-
-# -- main ------------------------------------------------------------------------------------------------------
 
 def plan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     skipped = {}
@@ -585,9 +541,7 @@ def front_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, Path, stack.Stopper]:
     """The Flask-vs-Triton benchmark: (exit status, its output folder, the servers still stopping)."""
-    started = time.monotonic()
-    command = shlex.join(["python", "-m", "bench", *(sys.argv[1:] if argv is None else argv)])
-    stamp = datetime.datetime.now().astimezone()
+    started = Started.now(argv)
     if args.description is not None:
         arch = args.description.name
         model_source = f"{args.description.path}: {args.description}"
@@ -597,7 +551,7 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
     else:
         arch = args.arch
         model_source = "seeded weights: real shapes and speed, meaningless predictions"
-    out = (args.out or ROOT / "bench" / "out" / f"{stamp:%Y%m%d-%H%M%S}-{arch}").resolve()
+    out = (args.out or ROOT / "bench" / "out" / f"{started.stamp:%Y%m%d-%H%M%S}-{arch}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     configs, skipped = plan(args)
     runs = len(configs) * len(args.levels)
@@ -618,8 +572,6 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
         model_pt = stack.exported_model(arch)
     work = Path(tempfile.mkdtemp(prefix="shim-bench-"))
     labels = work / "labels.txt"
-    from modelrepo.export import write_labels
-
     if args.description is not None:
         shutil.copyfile(args.description.labels, labels)
     else:
@@ -638,11 +590,11 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
             if "litserve" in configs:
                 run_litserve(run, model_pt, labels)
             if args.triton_url:
-                external_triton_configs(run, model_pt, labels)
+                external_triton_configs(run)
                 notes.append(f"Triton was the one already running at {args.triton_url} (its own model and config); "
                              "configurations that need a Triton started with a given config were skipped.")
             else:
-                local_triton_configs(run, work, model_pt, labels)
+                local_triton_configs(run, work, model_pt)
                 notes.append("Triton was the wheel's (nvidia-pytriton), serving a CPU copy of each variant: the "
                              "libtorch model runs in a python-backend stand-in loading the same model.pt, "
                              "KIND_GPU became KIND_CPU, INTRA_OP_THREAD_COUNT = cores / instances.")
@@ -650,33 +602,13 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
             run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after the servers using it
             run.close(settle=not args.both)  # --both: the front-end rows' setup overlaps the last stops
 
-    if run.triton_server:
-        machine["triton_server"] = {k: run.triton_server.get(k) for k in ("name", "version")}
-    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     if not args.triton_url and machine["usable_cores"] and machine["usable_cores"] <= 4:
         notes.append(f"Only {machine['usable_cores']} CPU cores: the load generator, the server under test and "
                      "(for the shim) Triton share them, so every configuration is bounded by the same CPU.")
-    report = {
-        "command": command,
-        "started": stamp.isoformat(timespec="seconds"),
-        "elapsed_s": time.monotonic() - started,
-        "machine": machine,
-        "model": {"arch": arch, "source": model_source, "file": str(model_pt), "name": args.model_name},
-        "settings": {"warmup_s": args.warmup, "duration_s": args.duration, "concurrency": args.levels,
-                     "images": IMAGES, "image_size": f"{IMAGE_SIZE[0]}x{IMAGE_SIZE[1]}", "timeout_s": args.timeout,
-                     "quick": args.quick, "loadgen_processes": args.loadgen_processes},
-        "seed_rows": [dict(r) for r in SEED_ROWS],
-        "configurations": run.configurations,
-        "skipped": skipped,
-        "triton_configs": run.triton_configs,
-        "ceiling_duration_s": ceiling_s(args),
-        "loadgen_ceiling": ceiling,
-        "results": run.rows,
-        "ratios": ratios(run.rows),
-        "notes": notes,
-    }
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    (out / "results.md").write_text(markdown(report))
+    report = run.report(started, machine, notes, {},
+                        model={"arch": arch, "source": model_source, "file": str(model_pt), "name": args.model_name},
+                        seed_rows=[dict(r) for r in SEED_ROWS], skipped=skipped, ceiling_duration_s=ceiling_s(args),
+                        loadgen_ceiling=ceiling, ratios=ratios(run.rows))
     gpu = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
     plot(run.rows, out / "results.png", f"{arch}, {machine['cpu']}, {machine['usable_cores']} cores, {gpu}")
     latest = out.parent / "latest"
@@ -685,13 +617,24 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
             if latest.is_symlink():
                 latest.unlink()
             latest.symlink_to(out.name)
+    return finish(run, report, markdown, started, f"{out / 'results.png'}, "), out, run.stopper
 
+
+def finish(run: Run, report: dict[str, Any], render: Callable[[dict[str, Any]], str], started: Started,
+           files: str = "") -> int:
+    """Writes results.json and results.md and prints the tables: 1 when a request failed."""
+    machine, out = report["machine"], run.out
+    if run.triton_server:
+        machine["triton_server"] = {k: run.triton_server.get(k) for k in ("name", "version")}
+    machine["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    text = render(report)
+    (out / "results.md").write_text(text)
     print()
-    print((out / "results.md").read_text())
-    errors = sum(r["errors"] + r["warmup_errors"] for r in run.rows)
-    print(f"written: {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}, {out / 'requests.csv'} "
-          f"({time.monotonic() - started:.0f} s)")
+    print(text)
+    errors = sum(r["errors"] + r.get("warmup_errors", 0) for r in run.rows)
+    print(f"written: {out / 'results.json'}, {out / 'results.md'}, {files}{out / 'requests.csv'} "
+          f"({time.monotonic() - started.at:.0f} s)")
     if errors:
         print(f"{errors} requests failed: see the tables and {out / 'logs'}", file=sys.stderr)
-        return 1, out, run.stopper
-    return 0, out, run.stopper
+    return 1 if errors else 0

@@ -1,10 +1,5 @@
 """What the benchmarks share: the model, Triton variants of triton_repo, the servers, the machine, metrics.
-
-Nothing here writes into triton_repo/: models are exported into .cache/bench-models/ (reused while the
-architecture matches) and every Triton configuration is a variant repository in the run's own folder,
-its config read from triton_repo as a ModelConfig protobuf (devstack.cpu_repo.read_config),
-changed only where the configuration differs, and served by the embedded Triton, which makes its CPU
-copy exactly as `make triton` does.
+Nothing is written into triton_repo/: models go to .cache/bench-models/, variants into the run's folder.
 """
 
 from __future__ import annotations
@@ -18,14 +13,17 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+from google.protobuf import text_format
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench`
@@ -33,11 +31,13 @@ if str(ROOT) not in sys.path:  # `python bench/x.py` as well as `python -m bench
 
 from app.metrics import CPU_PARTS  # noqa: E402
 from app.preprocess import ImageSpec, decode, to_tensor  # noqa: E402
-from devstack import (  # noqa: E402
-    EmbeddedTriton,
-    EmbeddedTritonConfig,
-    launch,
-)
+from app.settings import SPARE_THREADS, Settings  # noqa: E402
+from bench import cpu  # noqa: E402
+from devstack import EmbeddedTriton, EmbeddedTritonConfig, launch, promtext  # noqa: E402
+from devstack.cpu_repo import read_config  # noqa: E402
+from devstack.waiting import wait_until  # noqa: E402
+from modelrepo.export import ARCHS, build_model, read_export_info, save_torchscript, write_labels  # noqa: E402
+from modelrepo.standin import write_standin_repo  # noqa: E402
 from tests.sample_images import encode, photo  # noqa: E402
 
 TRITON_REPO = ROOT / "triton_repo"
@@ -46,35 +46,18 @@ PACKAGES = ("torch", "torchvision", "tritonclient", "nvidia-pytriton", "flask", 
             "prometheus-client")
 
 
-# -- the shim ------------------------------------------------------------------------------------------------
-
 def shim_default(name: str) -> Any:
     """The shim's own default for one setting (app/settings.py), e.g. its gunicorn workers and threads."""
-    import dataclasses
-
-    from app.settings import Settings
-
-    if name == "threads":  # derived from the admission bound
-        return Settings().threads
-
-    return next(f.default for f in dataclasses.fields(Settings) if f.name == name)
+    return getattr(Settings(), name)
 
 
 def shim_layout(workers: int, threads: int) -> dict[str, str]:
-    """SHIM_* settings for a shim with these workers and threads: the shim's threads are its admission bound
-    (SHIM_MAX_PENDING) + SPARE_THREADS, so the bound is threads - SPARE_THREADS (at least 1), and a layout with
-    fewer threads than clients answers the excess with 503s."""
-    from app.settings import SPARE_THREADS
-
+    """SHIM_* settings for these workers and threads: the shim runs SHIM_MAX_PENDING + SPARE_THREADS threads."""
     return {"SHIM_WORKERS": str(workers), "SHIM_MAX_PENDING": str(max(1, threads - SPARE_THREADS))}
 
 
-# -- the model -----------------------------------------------------------------------------------------------
-
 def exported_model(arch: str, seed: int = 0) -> Path:
     """A seeded TorchScript `arch` under .cache/bench-models, exported on first use (never into triton_repo)."""
-    from modelrepo.export import build_model, read_export_info, save_torchscript
-
     target = MODEL_CACHE / f"{arch}-seed{seed}.pt"
     info: dict[str, object] = {"arch": arch, "seed": seed}
     existing = read_export_info(target) or {}
@@ -84,8 +67,6 @@ def exported_model(arch: str, seed: int = 0) -> Path:
 
 
 def model_arch(model_pt: Path) -> str:
-    from modelrepo.export import read_export_info
-
     return str((read_export_info(model_pt) or {}).get("arch", "unknown"))
 
 
@@ -101,11 +82,6 @@ class Variant:
 def variant_repo(dest: Path, variant: Variant, model_pt: Path, *, source: Path = TRITON_REPO,
                  model: str = "resnet50") -> Path:
     """A one-model repository at dest/<variant>: the committed config with only `variant`'s changes."""
-    from google.protobuf import text_format
-
-    from devstack.cpu_repo import read_config
-    from modelrepo.export import ARCHS, write_labels
-
     config = read_config(source / model / "config.pbtxt")
     if variant.dynamic_batching and not config.HasField("dynamic_batching"):
         raise SystemExit(f"{source / model}/config.pbtxt has no dynamic_batching block for variant {variant.name}")
@@ -130,23 +106,78 @@ def variant_repo(dest: Path, variant: Variant, model_pt: Path, *, source: Path =
     return repo
 
 
-def start_triton(repo: Path, work: Path) -> EmbeddedTriton:
-    """The wheel's Triton on free loopback ports, its CPU copy and log under `work`."""
+def start_triton(repo: Path, work: Path, gpu: bool = False, startup_timeout_s: float = 240) -> EmbeddedTriton:
+    """The wheel's Triton on free loopback ports, its CPU copy (gpu=False) and log under `work`."""
     http, grpc, metrics = launch.free_port(), launch.free_port(), launch.free_port()
     while len({http, grpc, metrics}) < 3:
         grpc, metrics = launch.free_port(), launch.free_port()
     config = EmbeddedTritonConfig(model_repository=repo, cache_dir=work, http_port=http, grpc_port=grpc,
-                                  metrics_port=metrics, startup_timeout_s=240)
+                                  metrics_port=metrics, startup_timeout_s=startup_timeout_s, gpu=gpu)
     return EmbeddedTriton(config).start()
 
 
-class Stopper:
-    """Servers that stop in the background while the next one starts; settle() waits for all of them.
+def stop_keeping_log(triton: EmbeddedTriton, log: Path) -> None:
+    triton.stop()
+    with contextlib.suppress(OSError):
+        shutil.copy(triton.log_path, log)
 
-    A Triton takes seconds to stop (it drains, then unloads every python-backend stub) and gunicorn waits
-    for its workers: none of it needs to hold up the next server's start. Every measured window settles
-    first, so no window ever shares the machine with a server that is still stopping.
-    """
+
+def triton_pid(triton: EmbeddedTriton) -> int:
+    """The tritonserver process serving on triton's HTTP port, found by its command line."""
+    port = f"--http-port={triton.config.http_port}"
+    pids = cpu.find_pids(lambda argv: Path(argv[0]).name == "tritonserver" and port in argv)
+    if len(pids) != 1:
+        raise SystemExit(f"bench: expected one tritonserver with {port}, found {pids}")
+    return pids[0]
+
+
+@contextlib.contextmanager
+def standin_triton(prefix: str, encoded: bool) -> Iterator[tuple[Path, Path, EmbeddedTriton]]:
+    """(work folder, repository, Triton) on the near-free stand-in repository, in a temporary folder."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        repo = write_standin_repo(work / "standin_repo", keep_torch_models=encoded)
+        triton = start_triton(repo, work / "triton")
+        try:
+            yield work, repo, triton
+        finally:
+            triton.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def wait_for_children(pid: int, count: int, timeout_s: float = 60) -> list[int]:
+    """gunicorn's workers, once all `count` have forked and the tree is idle (others may still import torch)."""
+    deadline = time.monotonic() + timeout_s
+    wait_until(lambda: len(cpu.children_of(pid)) >= count, timeout_s, f"{count} gunicorn workers", interval_s=0.1)
+    cpu.wait_idle((pid,), timeout_s=max(1.0, deadline - time.monotonic()))
+    return cpu.children_of(pid)
+
+
+@contextlib.contextmanager
+def serving(served: launch.ServedApp, stopper: Stopper, path: str = "/readyz", status: int = 200,
+            timeout_s: float = 120, workers: int | None = None,
+            stop: Callable[[], None] | None = None) -> Iterator[Any]:
+    """`served` once `path` answers `status` (and, given `workers`, all forked and idle); stopped in the background
+    after, by `stop` if given."""
+    try:
+        served.wait(path, timeout_s=timeout_s, status=status)
+        if workers:
+            wait_for_children(served.process.pid, workers)
+        yield served
+    finally:
+        stopper.later(stop or served.stop)
+
+
+def serve_shim(logs: Path, env: dict[str, str], stopper: Stopper,
+               workers: int | None = None) -> contextlib.AbstractContextManager[Any]:
+    print(f"starting the shim ({', '.join(f'{k}={v}' for k, v in env.items())}) ...", flush=True)
+    return serving(launch.start_shim(logs, env), stopper, workers=workers)
+
+
+class Stopper:
+    """Servers that stop in the background (a Triton takes seconds) while the next one starts; every measured
+    window settles first, so that none shares the machine with a server still stopping."""
 
     def __init__(self) -> None:
         self._threads: list[threading.Thread] = []
@@ -177,35 +208,21 @@ class Stopper:
             raise error
 
 
-# -- requests ------------------------------------------------------------------------------------------------
-
 @functools.cache
-def _jpegs(count: int, width: int, height: int) -> tuple[bytes, ...]:
+def sample_jpegs(count: int, width: int = 640, height: int = 480) -> tuple[bytes, ...]:
+    """`count` different photo-like JPEGs (quality 90), the same on every machine (made once per process)."""
     return tuple(encode(photo(width, height, seed=seed), "JPEG", quality=90) for seed in range(count))
 
 
-def sample_jpegs(count: int, width: int = 640, height: int = 480) -> list[bytes]:
-    """`count` different photo-like JPEGs (quality 90), the same on every machine (made once per process)."""
-    return list(_jpegs(count, width, height))
-
-
 def ready_tensors(jpegs: Iterable[bytes], spec: ImageSpec | None = None) -> list[Any]:
-    """Each JPEG as the shim would send it to Triton: FP32 [1, 3, crop, crop] (the model's description's
-    preprocessing; resnet50's by default), made once before the run."""
+    """Each JPEG as the shim sends it to Triton: FP32 [1, 3, crop, crop] (resnet50's preprocessing by default)."""
     spec = spec or ImageSpec()
     return [to_tensor(decode(jpeg, spec), spec)[None] for jpeg in jpegs]
 
 
-# -- HTTP helpers --------------------------------------------------------------------------------------------
-
-def http_get(url: str, timeout_s: float = 5) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        body: bytes = response.read()
-        return body
-
-
 def http_json(url: str, timeout_s: float = 5) -> Any:
-    return json.loads(http_get(url, timeout_s))
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read())
 
 
 def split_url(url: str) -> tuple[str, int]:
@@ -217,18 +234,12 @@ def split_url(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-# -- Prometheus metrics --------------------------------------------------------------------------------------
-
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(url: str, timeout_s: float = 60) -> Samples | None:
-    """Every sample of a Prometheus endpoint (devstack.promtext), keyed by (name, labels); None when unreadable.
-
-    The timeout is long: under load the shim's /metrics waits for a gunicorn thread like any request.
-    """
-    from devstack import promtext
-
+    """Every sample of a Prometheus endpoint, keyed by (name, labels); None when unreadable. The timeout is
+    long: under load the shim's /metrics waits for a gunicorn thread like any request."""
     try:
         samples = promtext.scrape(url, timeout_s)
     except OSError:
@@ -237,10 +248,7 @@ def scrape(url: str, timeout_s: float = 60) -> Samples | None:
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of `name` over every label set that matches `labels`.
-
-    The parser names a counter's samples `<name>_total` whether or not the exposition did (Triton's do not).
-    """
+    """The sum of `name` (or `<name>_total`: the parser's name for a counter) over the label sets matching."""
     want, names = set(labels.items()), {name, name + "_total"}
     return sum(v for (n, ls), v in samples.items() if n in names and want <= ls)
 
@@ -295,8 +303,6 @@ def triton_breakdown(before: Samples, after: Samples, model: str) -> dict[str, f
     }
 
 
-# -- the machine ---------------------------------------------------------------------------------------------
-
 def _cpu_model() -> str:
     # psutil has no CPU model name: Linux's /proc/cpuinfo says it, platform.processor() elsewhere (often "").
     with contextlib.suppress(OSError):
@@ -304,10 +310,6 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
-
-
-def _memory_gib() -> float:
-    return round(psutil.virtual_memory().total / 1024**3, 1)
 
 
 def gpus() -> list[dict[str, str]]:
@@ -351,7 +353,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
-        "memory_gib": _memory_gib(),
+        "memory_gib": round(psutil.virtual_memory().total / 1024**3, 1),
         "gpus": gpus(),
         "os": platform.platform(),
         "python": platform.python_version(),

@@ -1,14 +1,6 @@
-"""The shim rows measured a second time by wrk, a load generator written in C, in the same run.
-
-The front-end benchmark's own load generator (bench/loadgen.py) is Python: one asyncio process that shares
-the machine's cores with the shim and Triton. A second opinion from a generator that costs almost nothing
-per request tells whether a shim row's throughput is the shim's or the harness's. After each shim row, the
-same shim gets the same uploads (the same multipart bodies, byte for byte, cycled by a Lua script) from
-`wrk -c <clients>` for the same window, and the shim's and Triton's CPU per image are read from /proc over
-that window as for the row itself (bench/cpu.py).
-
-wrk is Debian's package (`apt-get install wrk`): where it is missing and apt-get is at hand as root, it is
-installed once; elsewhere the cross-check is skipped and the report says so.
+"""The shim rows measured a second time by wrk (C, Debian's package), with the same multipart bodies: a generator
+that costs almost nothing per request says whether a row's figure is the shim's or the Python harness's.
+Installed with apt-get when missing and run as root; elsewhere the cross-check is skipped.
 """
 
 from __future__ import annotations
@@ -23,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cpu
-
-BOUNDARY = "benchboundary7e3f9a2c41d8"  # bench/loadgen.multipart_request's
+from bench.loadgen import BOUNDARY
 
 
 def find_or_install() -> str | None:
@@ -89,8 +80,7 @@ def parse(text: str) -> dict[str, Any]:
 
 def measure(binary: str, script: Path, url: str, connections: int, duration_s: float,
             watch: dict[str, tuple[int, ...]], threads: int = 2) -> dict[str, Any]:
-    """One wrk window against `url`: throughput, latency, errors, and CPU per image of the watched trees
-    (wrk's own included, from its rusage)."""
+    """One wrk window against `url`: throughput, latency, errors, CPU per image of `watch` and of wrk itself."""
     command = [binary, f"-t{max(1, min(threads, connections))}", f"-c{connections}", f"-d{duration_s:g}s",
                "--latency", "--timeout", "60s", "-s", str(script), url]
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
