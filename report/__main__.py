@@ -1,9 +1,5 @@
-"""shim-report IMAGES [--triton-url HOST:PORT --legacy-model PT --labels TXT] [--out DIR]
-
-Replays every file under IMAGES through the legacy path and the Triton path, writes report.md,
-report.html and results.csv into --out, prints the path of report.md, and exits 0 for GO, 1 for NO-GO,
-2 when it could not give a verdict (a usage error: see report/__init__.py).
-"""
+"""shim-report IMAGES: writes report.md, report.html and results.csv into --out and prints report.md's path;
+exit 0 GO, 1 NO-GO, 2 no verdict (report/__init__.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from app.settings import TRANSPORTS, Settings
 from report import EXIT_GO, EXIT_NO_GO, EXIT_USAGE
 from report.compare import Outcome, summarize
 from report.render import Report, write
-from report.replay import InProcess, Source, Unusable, find_files, first_image, replay, warm_up
+from report.replay import InProcess, Unusable, find_files, first_image, replay
 from report.verdict import Thresholds, judge, percent
 
 PROG = "python -m report"
@@ -113,7 +109,7 @@ class Progress:
             self.stream.write("\n")
 
 
-def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> Source:
+def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> InProcess:
     overrides = {"triton_url": args.triton_url, "transport": args.transport, "model_name": args.model,
                  "model_version": args.model_version, "triton_timeout_s": args.timeout,
                  "model_repository": args.model_repository}
@@ -156,14 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"{args.images} holds no file")
     started = datetime.now(UTC)
     out = args.out or Path(f"report-{started:%Y%m%d-%H%M%S}")
-    source: Source | None = None
+    source: InProcess | None = None
     try:
         source = make_source(args, p)
         first = first_image(files, source.spec)
         if first is None:
             return _usage(f"none of the {len(files)} files under {args.images} is an image the shim reads")
         source.check()
-        warm_up(source, first, calls=args.warm_up)
+        source.warm_up(first, calls=args.warm_up)
         clock = time.monotonic()
         progress = Progress(len(files), sys.stderr)
         try:
@@ -172,10 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress.close()
         seconds = time.monotonic() - clock
         summary = summarize(outcomes)
-        k = source.k
-        verdict = judge(summary, thresholds, k=k)
+        verdict = judge(summary, thresholds, k=source.k)
         report = Report(started=started, seconds=seconds, folder=args.images, header=source.describe(),
-                        thresholds=thresholds, k=k, concurrency=args.concurrency, warm_up=args.warm_up,
+                        thresholds=thresholds, k=source.k, concurrency=args.concurrency, warm_up=args.warm_up,
                         outcomes=outcomes, summary=summary, verdict=verdict)
         paths = write(report, out)
     except Unusable as e:

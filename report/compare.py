@@ -1,17 +1,9 @@
-"""Per image: does Triton's answer agree with legacy's? For the run: agreement, score differences, latency.
-
-Two kinds of answers, two comparisons with the same three numbers:
-    logits (in-process)   app.shadow.compare, as shadow mode judges live traffic: top-1, the share of
-                          legacy's top-k that Triton's top-k holds, the largest difference of any class's
-                          probability
-    top-k                  what the contract answers: top-1, the same overlap, and the largest difference
-                          among the scores both lists hold; a class only one list holds counts with the
-                          least its difference can be (its score minus the other list's lowest score)
-"""
+"""Per image: does Triton's answer agree with legacy's (app.shadow.compare on full logits, as shadow mode
+judges live traffic)? For the run: agreement, score differences, latency."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,26 +54,11 @@ class Outcome:
     triton: Answer | None = None
     agreement: Agreement | None = None
 
-    def answer(self, backend: str) -> Answer | None:
-        return self.legacy if backend == LEGACY else self.triton
-
 
 def from_logits(legacy: npt.NDArray[np.float32], triton: npt.NDArray[np.float32], k: int,
                 scores: Scores = softmax) -> Agreement:
     result = compare_logits(legacy, triton, k=k, tolerance=0.0, scores=scores)
     return Agreement(result.same_top1, result.topk_overlap, result.max_abs_diff)
-
-
-def from_top_k(legacy: Sequence[Prediction], triton: Sequence[Prediction]) -> Agreement:
-    if not legacy or not triton:
-        raise ValueError("an answer without predictions cannot be compared")
-    mine = {p.class_id: p.score for p in legacy}
-    theirs = {p.class_id: p.score for p in triton}
-    overlap = len(mine.keys() & theirs.keys()) / len(mine)
-    diffs = [abs(score - theirs[c]) for c, score in mine.items() if c in theirs]
-    diffs += [max(0.0, score - min(theirs.values())) for c, score in mine.items() if c not in theirs]
-    diffs += [max(0.0, score - min(mine.values())) for c, score in theirs.items() if c not in mine]
-    return Agreement(legacy[0].class_id == triton[0].class_id, overlap, max(diffs))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,5 @@
-"""The report in three forms: Markdown (for a change request), one self-contained HTML page (the same text
-with inline SVG plots and thumbnails as data: URIs, no external resource), and results.csv (one row per file).
-
-Both documents are rendered from the same list of sections, so they never say different things.
-"""
+"""The report as Markdown, one self-contained HTML page (inline SVG, thumbnails as data: URIs) and results.csv;
+both documents render the same list of sections, so they never say different things."""
 
 from __future__ import annotations
 
@@ -32,7 +29,7 @@ class Report:
     started: datetime
     seconds: float
     folder: Path
-    header: list[tuple[str, str]]  # what the source says about itself (Source.describe())
+    header: list[tuple[str, str]]  # InProcess.describe()
     thresholds: Thresholds
     k: int
     concurrency: int
@@ -142,27 +139,21 @@ def sections(report: Report) -> list[Section]:
         disagreements.after.append(f"Top-1 differs for {len(differs)} images in all: results.csv lists each.")
 
     out = [what, checks, agreement, latency, disagreements]
-    errors = [(o.name, a) for o in report.outcomes for a in (o.legacy, o.triton) if a is not None and not a.ok]
-    if errors:
-        section = Section(f"Errors ({len(errors)})", headers=["file", "backend", "error"])
-        section.rows = [[name, a.backend, a.error or ""] for name, a in errors[:ROWS_LISTED]]
-        if len(errors) > ROWS_LISTED:
-            section.after.append(f"And {len(errors) - ROWS_LISTED} more: results.csv lists each.")
-        out.append(section)
-    skipped = [o for o in report.outcomes if o.skipped is not None]
-    if skipped:
-        section = Section(f"Skipped inputs ({len(skipped)})", headers=["file", "why"],
-                          paragraphs=["Files that are not images the shim reads: neither backend was asked."])
-        section.rows = [[o.name, o.skipped or ""] for o in skipped[:ROWS_LISTED]]
-        if len(skipped) > ROWS_LISTED:
-            section.after.append(f"And {len(skipped) - ROWS_LISTED} more: results.csv lists each.")
-        out.append(section)
+    errors = [[o.name, a.backend, a.error or ""] for o in report.outcomes for a in (o.legacy, o.triton)
+              if a is not None and not a.ok]
+    skipped = [[o.name, o.skipped] for o in report.outcomes if o.skipped is not None]
+    for title, rows, headers, paragraphs in [
+            ("Errors", errors, ["file", "backend", "error"], []),
+            ("Skipped inputs", skipped, ["file", "why"],
+             ["Files that are not images the shim reads: neither backend was asked."])]:
+        if rows:
+            more = [f"And {len(rows) - ROWS_LISTED} more: results.csv lists each."] if len(rows) > ROWS_LISTED else []
+            out.append(Section(f"{title} ({len(rows)})", paragraphs, headers, rows[:ROWS_LISTED], after=more))
     out.append(Section("How to read this", paragraphs=[
         f"**Top-1 agreement**: the share of compared images whose best class is the same. **Top-{k} overlap**: the "
         f"share of legacy's top-{k} classes that Triton's top-{k} also holds, averaged over images. **Score "
-        "difference**: per image, the largest difference of a class's probability between the two answers (every "
-        "class in-process; through a shim, the classes both top-k lists hold, and at least the gap to the other "
-        "list's lowest score for a class only one holds); the check uses the 99th percentile over images, so a "
+        "difference**: per image, the largest difference of any class's probability between the two answers; the "
+        "check uses the 99th percentile over images, so a "
         "threshold tolerates the same rare outliers the top-1 threshold does. **p99 latency ratio**: Triton's 99th "
         "percentile call time over legacy's, measured on the same machine in the same run. **Errors**: failed "
         "calls of either backend, including a shim's fallback to legacy on a request for Triton."]))
@@ -182,8 +173,6 @@ def _verdict_line(verdict: Verdict) -> str:
         return "every check passes"
     return f"{len(verdict.failed)} of {len(verdict.checks)} checks fail: {', '.join(verdict.failed)}"
 
-
-# -- Markdown ---------------------------------------------------------------------------------------------------
 
 def _md_cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
@@ -207,8 +196,6 @@ def markdown(report: Report) -> str:
             lines += ["(Plots: report.html.)", ""]
     return "\n".join(lines)
 
-
-# -- HTML ---------------------------------------------------------------------------------------------------------
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
@@ -240,13 +227,13 @@ def html(report: Report, thumbnail: Callable[[str], str | None] | None = None) -
         if section.plots:
             body.append('<div class="plots">' + "\n".join(section.plots) + "</div>")
         if section.rows:
-            with_thumbs = thumbnail is not None and bool(section.thumbnails)
-            heads = ([""] if with_thumbs else []) + section.headers
+            thumbs = section.thumbnails if thumbnail is not None else []
+            heads = ([""] if thumbs else []) + section.headers
             body.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in heads) + "</tr>")
             for i, row in enumerate(section.rows):
                 cells = []
-                if with_thumbs and thumbnail is not None:
-                    uri = thumbnail(section.thumbnails[i]) if i < len(section.thumbnails) else None
+                if thumbs and thumbnail is not None:
+                    uri = thumbnail(thumbs[i]) if i < len(thumbs) else None
                     cells.append(f'<img class="thumb" alt="" src="{uri}">' if uri else "")
                 for cell in row:
                     css = f' class="{cell.strip("*")}"' if cell.strip("*") in ("PASS", "FAIL") else ""
@@ -272,8 +259,6 @@ def thumbnail_from(folder: Path, size: int = 96) -> Callable[[str], str | None]:
         return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
     return make
 
-
-# -- CSV ----------------------------------------------------------------------------------------------------------
 
 CSV_COLUMNS = ["file", "status", "same_top1", "topk_overlap", "max_score_diff",
                "legacy_class_id", "legacy_label", "legacy_score", "triton_class_id", "triton_label", "triton_score",

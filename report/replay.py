@@ -1,16 +1,6 @@
-"""Every image through the legacy path and the Triton path, one runner.
-
-    InProcess   the shim's own LegacyBackend and TritonBackend in this process, one image per call
-                (batch size 1: a latency is one image's, never a batch's share); full logits. With
-                --transport encoded, Triton gets each upload's bytes as the shim would forward them
-                (app/sniff.py), and decodes them itself
-
-Both decode every file with the shim's own rules first: a file that is not an image the shim reads is a
-skipped input, not a backend error. Each image asks the two backends one after the other, in alternating
-order (legacy first for even images, Triton first for odd ones), so that neither always finds the caches
-warm. A few warm-up calls per backend (--warm-up, 3), before the run and not counted, pay for connections,
-metadata and the first forward passes, and check that both paths answer at all: if one does not, the run
-stops with `Unusable` (exit 2) before any image is counted.
+"""Every image through the shim's own LegacyBackend and TritonBackend, in this process, one image per call
+(batch size 1: a latency is one image's, never a batch's share). Each image asks both backends in alternating
+order (legacy first for even images), so that neither always finds the caches warm.
 """
 
 from __future__ import annotations
@@ -29,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,10 +29,10 @@ from app.errors import ShimError
 from app.images import Upload
 from app.preprocess import ImageSpec
 from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
-from app.scores import SCORE_FUNCTIONS, softmax
+from app.scores import SCORE_FUNCTIONS
 from app.service import top_k
 from app.settings import Settings, SettingsError
-from report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits, from_top_k
+from report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits
 
 
 class Unusable(Exception):
@@ -51,41 +41,15 @@ class Unusable(Exception):
 
 @dataclass(frozen=True)
 class Loaded:
-    """One input as both paths take it: the file's bytes (for a shim) and its prepared tensor (in-process)."""
-
     index: int
     name: str
-    data: bytes
     upload: Upload  # decoded once (its tensor made at load), what each backend prepares from
 
 
 @dataclass(frozen=True)
 class Reply:
     answer: Answer
-    logits: npt.NDArray[np.float32] | None = None  # in-process only: the whole row of logits
-    refused: str | None = None  # a shim's refusal of the input itself (400 invalid_image, 413 ...)
-
-
-class Source(Protocol):
-    spec: ImageSpec
-
-    @property
-    def k(self) -> int:
-        """Classes compared per answer (a shim's: as many as its answers hold)."""
-
-    def describe(self) -> list[tuple[str, str]]:
-        """Rows of the report's header: what was compared, where."""
-
-    def check(self) -> None:
-        """Raise Unusable unless both paths can be asked (fast: before any image is read)."""
-
-    def warm_up(self, image: Loaded) -> None:
-        """One uncounted call per backend; raise Unusable when a path does not answer."""
-
-    def ask(self, backend: str, image: Loaded) -> Reply: ...
-
-    def close(self) -> None: ...
-
+    logits: npt.NDArray[np.float32] | None = None
 
 def find_files(folder: Path) -> list[tuple[str, Path]]:
     """Every file under `folder` (any name: captures keep uploads under request IDs), in a stable order."""
@@ -108,14 +72,14 @@ def load(index: int, name: str, path: Path, spec: ImageSpec) -> Loaded | str:
     try:
         upload = Upload(data, spec)
         upload.tensor()
-        return Loaded(index, name, data, upload)
+        return Loaded(index, name, upload)
     except ShimError as e:  # the contract's invalid_image, empty_image, too_large
         return f"{e.code}: {e.message}"
     except Exception as e:  # a file's edge: a Pillow decoder failing in a way decode() does not translate
         return f"the shim's decoder fails on it ({type(e).__name__}: {e}); the shim would answer 500"
 
 
-def replay(source: Source, files: list[tuple[str, Path]], *, concurrency: int = 1,
+def replay(source: InProcess, files: list[tuple[str, Path]], *, concurrency: int = 1,
            on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Each file through both backends; one Outcome per file, in the files' order."""
     outcomes: list[Outcome | None] = [None] * len(files)
@@ -149,31 +113,18 @@ def first_image(files: list[tuple[str, Path]], spec: ImageSpec) -> Loaded | None
     return None
 
 
-def warm_up(source: Source, image: Loaded, *, calls: int = 3) -> None:
-    """`calls` uncounted calls per backend (TorchScript's profiling executor optimises a graph over its first
-    runs); Unusable when a path does not answer."""
-    for _ in range(max(1, calls)):
-        source.warm_up(image)
-
-
-def _replay_one(source: Source, index: int, name: str, path: Path) -> Outcome:
+def _replay_one(source: InProcess, index: int, name: str, path: Path) -> Outcome:
     loaded = load(index, name, path, source.spec)
     if not isinstance(loaded, Loaded):
         return Outcome(name, skipped=loaded)
     order = BACKENDS if index % 2 == 0 else tuple(reversed(BACKENDS))
     replies = {backend: source.ask(backend, loaded) for backend in order}
     legacy, triton = replies[LEGACY], replies[TRITON]
-    if legacy.refused and triton.refused:
-        return Outcome(name, skipped=f"the shim refuses it: {legacy.refused}")
     agreement = None
     if legacy.logits is not None and triton.logits is not None:
-        agreement = from_logits(legacy.logits, triton.logits, source.k, getattr(source, "scores", softmax))
-    elif legacy.answer.ok and triton.answer.ok:
-        agreement = from_top_k(legacy.answer.top, triton.answer.top)
+        agreement = from_logits(legacy.logits, triton.logits, source.k, source.scores)
     return Outcome(name, legacy=legacy.answer, triton=triton.answer, agreement=agreement)
 
-
-# -- in-process ---------------------------------------------------------------------------------------------
 
 class InProcess:
     """The shim's own backends, built from its settings (SHIM_*), in this process."""
@@ -219,11 +170,14 @@ class InProcess:
                                         timeout_s=READINESS_DEADLINE_S + 2)
         self.legacy.start()  # torch loads in the background while the first image decodes
 
-    def warm_up(self, image: Loaded) -> None:
-        for backend in BACKENDS:
-            reply = self.ask(backend, image)
-            if not reply.answer.ok:
-                raise Unusable(f"the {backend} path does not answer: {reply.answer.error}")
+    def warm_up(self, image: Loaded, *, calls: int) -> None:
+        """Uncounted calls per backend (TorchScript's profiling executor optimises a graph over its first runs);
+        Unusable when a path does not answer."""
+        for _ in range(calls):
+            for backend in BACKENDS:
+                reply = self.ask(backend, image)
+                if not reply.answer.ok:
+                    raise Unusable(f"the {backend} path does not answer: {reply.answer.error}")
 
     def ask(self, backend: str, image: Loaded) -> Reply:
         chosen = self.legacy if backend == LEGACY else self.triton

@@ -1,8 +1,4 @@
-"""Plots as inline SVG, drawn here: stacked bars, a histogram on a log axis, CDF lines. No plotting library.
-
-Each function returns one <svg> element (no XML declaration, no namespace URL: it lives inside an HTML5
-page, which needs neither), with a title, labelled axes and ticks, and a legend where there are series.
-"""
+"""Plots as inline SVG for an HTML5 page (no XML declaration, no namespace), drawn here: no plotting library."""
 
 from __future__ import annotations
 
