@@ -1,19 +1,12 @@
 """`make lock`: every install the project makes, locked with hashes, from pyproject.toml alone.
 
-    python requirements/lock.py --uv .cache/tools/uv/bin/uv   # `make lock`: write requirements/*.txt, keeping the
-                                                       # pins that still fit (--upgrade: the newest there are)
-    python requirements/lock.py --check dev                   # `make install`: exit 1, saying what to do, when
-                                                       # pyproject.toml and requirements/ disagree or this
-                                                       # Python cannot run that environment (dev | prod)
-    python requirements/lock.py --find-python prod            # the Makefile's choice of interpreter for the env
+    python requirements/lock.py --uv .cache/tools/uv/bin/uv   # make lock (--upgrade: the newest pins there are)
+    python requirements/lock.py --check dev|prod             # make install: exit 1, saying what to do, when
+                                                             # pyproject.toml and requirements/ disagree
+    python requirements/lock.py --find-python dev|prod       # the Makefile's interpreter for that environment
 
-Each lock is `uv pip compile --generate-hashes` against PyPI alone: uv reads no pip configuration (no local
-index, no constraint file of this machine), so a lock made on a laptop and one made in CI are the same
-file. The versions are chained so that one package has one version everywhere: requirements/shim.txt (the
-production image) is made first; the dev environment takes the shim's direct dependencies at those versions
-(all but numpy: nvidia-pytriton needs numpy<2 there); the other locks are constrained to those two.
-requirements/inputs.json records what the locks were made from; `--check` compares it with pyproject.toml.
-Standard library only: it runs before any virtualenv exists.
+`uv pip compile --generate-hashes` against PyPI alone, so a laptop's lock and CI's are the same file; shim.txt
+first, the others constrained to it (docs/dependencies.md). Standard library only: it runs before any venv.
 """
 
 from __future__ import annotations
@@ -86,8 +79,6 @@ class LockError(Exception):
     """What went wrong and what to do; printed without a traceback."""
 
 
-# -- pyproject.toml ---------------------------------------------------------------------------------------
-
 def read_pyproject(path: Path = PYPROJECT) -> dict[str, object]:
     try:
         import tomllib
@@ -146,8 +137,6 @@ def differences(old: object, new: object, where: str = "") -> list[str]:
         return lines
     return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
 
-
-# -- lock files -------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Pin:
@@ -231,8 +220,6 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-# -- uv ---------------------------------------------------------------------------------------------------
-
 class Uv:
     def __init__(self, binary: str) -> None:
         self.binary = binary
@@ -249,12 +236,9 @@ class Uv:
         return result
 
     def compile(self, sources: list[str], out: Path, *, python: str, universal: bool, platform: str | None,
-                generate_hashes: bool = True, extra: Iterable[str] = (), check: bool = True
-                ) -> subprocess.CompletedProcess[str]:
+                extra: Iterable[str] = (), check: bool = True) -> subprocess.CompletedProcess[str]:
         args = ["pip", "compile", *sources, "--output-file", str(out), "--no-header", "--no-config",
-                "--python", sys.executable, "--python-version", python, "--quiet", *extra]
-        if generate_hashes:
-            args.append("--generate-hashes")
+                "--python", sys.executable, "--python-version", python, "--quiet", *extra, "--generate-hashes"]
         if universal:
             # One version of a package for every Python where one can serve them all (numpy 2.4 for 3.11 to
             # 3.13, not 2.4 and 2.5): make test-prod on 3.13 then tests what the 3.11 image installs.
@@ -357,8 +341,6 @@ def lock_all(uv_binary: str, *, upgrade: bool = False) -> int:
     print("lock: done; commit requirements/ with pyproject.toml", flush=True)
     return 0
 
-
-# -- the check make install runs --------------------------------------------------------------------------
 
 def python_problem(env: str, pyproject: dict[str, object], version: tuple[int, int] | None = None) -> str | None:
     """Why this Python cannot run `env` (dev: make run / make test; prod: the shim alone), or None."""
