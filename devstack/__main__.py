@@ -2,11 +2,8 @@
 
     python -m devstack [options] [-- tritonserver options...]
 
-Options after `--` are passed on to tritonserver as they are (e.g. --http-restricted-api=...).
-
-With an admin key (--admin-key-file FILE, --admin-key KEY or $TRITON_ADMIN_KEY), Triton's model-repository,
-shared-memory, trace and logging APIs answer only requests that carry it in the header --admin-header
-(default triton-admin-key; gRPC clients send it as metadata `triton-grpc-protocol-<header>`).
+With an admin key, Triton's model-repository, shared-memory, trace and logging APIs answer only requests that
+carry it in the header --admin-header (gRPC: metadata `triton-grpc-protocol-<header>`; docs/triton-admin.md).
 """
 
 from __future__ import annotations

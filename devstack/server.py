@@ -199,12 +199,9 @@ class EmbeddedTriton:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        def exited() -> str | None:
-            return None if self.running else "tritonserver exited"
-
         try:
             wait_for_http(f"http://{self.http_url}/v2/health/ready", timeout_s, what="tritonserver to be ready",
-                          give_up=exited)
+                          give_up=lambda: None if self.running else "tritonserver exited")
         except WaitTimeout as e:
             if not self.running:
                 raise EmbeddedTritonError(f"tritonserver exited during start-up ({self._errors()}); "
@@ -217,20 +214,16 @@ class EmbeddedTriton:
         that only need it gone). Either way its /dev/shm files go too."""
         self._stop.set()
         process, self._process = self._process, None
-        if process is not None and process.poll() is None and not graceful:
-            os.killpg(process.pid, signal.SIGKILL)  # the server and its stubs, at once
-            process.wait()
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)  # Triton drains, then waits exit_timeout for clients
-            try:
-                process.wait(timeout=self.config.exit_timeout_s + 15)
-            except subprocess.TimeoutExpired:
-                log.warning("tritonserver did not stop in time; killing its process group")
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
         if process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):  # stubs of a killed server
+            if graceful and process.poll() is None:
+                process.send_signal(signal.SIGTERM)  # Triton drains, then waits exit_timeout for clients
+                try:
+                    process.wait(timeout=self.config.exit_timeout_s + 15)
+                except subprocess.TimeoutExpired:
+                    log.warning("tritonserver did not stop in time; killing its process group")
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # the server if still up, and its stubs
                 os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         for thread in self._threads:
             thread.join(timeout=5)
         if process is not None and process.stdout is not None:
