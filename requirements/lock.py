@@ -147,34 +147,22 @@ class Pin:
 
 def read_pins(path: Path) -> list[Pin]:
     """The pins of a requirements file uv wrote: requirement lines, and the `# via` annotations below each."""
-    pins: list[Pin] = []
-    current: tuple[str, str] | None = None
-    via: set[str] = set()
+    found: list[tuple[str, str, set[str]]] = []
     in_via = False
-
-    def flush() -> None:
-        if current:
-            pins.append(Pin(current[0], current[1], frozenset(via)))
-
     for raw in path.read_text().splitlines():
-        if raw and not raw[0].isspace() and not raw.startswith(("#", "-")):
-            flush()
-            line = raw.rstrip(" \\")
-            current, via, in_via = (requirement_name(line), line), set(), False
-            continue
         text = raw.strip()
-        if text.startswith("# via"):
-            in_via = True
-            text = text[len("# via"):].strip()
-        elif text.startswith("#   ") or (in_via and text.startswith("#") and not text.startswith("# ")):
-            text = text[1:].strip()
-        elif not text.startswith("#"):
-            in_via = False
+        if raw and not raw[0].isspace() and not raw.startswith(("#", "-")):
+            line = raw.rstrip(" \\")
+            found.append((requirement_name(line), line, set()))
+        if not (found and raw[:1].isspace() and text.startswith("#")):
+            in_via = False  # a pin, its hashes, a blank line or a comment of the file's own
             continue
+        if text.startswith("# via"):
+            in_via, text = True, text[len("# via"):]
+        text = text.lstrip("#").strip()
         if in_via and text and not text.startswith("-"):  # -r, -c: a requirements or constraints file
-            via.add("(project)" if "pyproject.toml" in text else requirement_name(text))
-    flush()
-    return pins
+            found[-1][2].add("(project)" if "pyproject.toml" in text else requirement_name(text))
+    return [Pin(name, line, frozenset(via)) for name, line, via in found]
 
 
 def cuda_only(pins: Iterable[Pin]) -> set[str]:
