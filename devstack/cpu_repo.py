@@ -145,13 +145,11 @@ def sync_cpu_repo(source: Path, target: Path, cpus: int | None = None, gpu: bool
             continue
         fresh = staging / f"{name}-{uuid.uuid4().hex[:8]}"
         write_model(plan, fresh)
+        old = staging / f"{name}-old-{uuid.uuid4().hex[:8]}"
         if current.exists():
-            old = staging / f"{name}-old-{uuid.uuid4().hex[:8]}"
             current.rename(old)
-            fresh.rename(current)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            fresh.rename(current)
+        fresh.rename(current)
+        shutil.rmtree(old, ignore_errors=True)
         changed.append(name)
     for stale in sorted(p for p in target.iterdir() if p.name not in wanted):
         shutil.rmtree(stale) if stale.is_dir() and not stale.is_symlink() else stale.unlink()

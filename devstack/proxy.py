@@ -149,8 +149,8 @@ class Proxy:
     """nginx with deploy/nginx's configuration in a subprocess, in front of `upstream`."""
 
     def __init__(self, folder: Path, upstream: str, *, settings: Settings | None = None, port: int | None = None,
-                 binary: Path | None = None, trusted: str = "", overrides: dict[str, str] | None = None) -> None:
-        binary = binary or nginx_binary()
+                 trusted: str = "", overrides: dict[str, str] | None = None) -> None:
+        binary = nginx_binary()
         if binary is None:
             raise FileNotFoundError(MISSING)
         settings = settings or Settings()
@@ -205,12 +205,6 @@ class Proxy:
                 self.process.wait()
         self._stdout.close()
         self._stderr.close()
-
-    def __enter__(self) -> Proxy:
-        return self.wait()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main() -> int:

@@ -25,22 +25,15 @@ from devstack.waiting import WaitTimeout, wait_for_http
 from devstack.wheel import TritonWheel, find_wheel, server_environment
 
 log = logging.getLogger("embedded_triton")
-# The APIs an admin key restricts: load/unload, shared memory, tracing and logging settings. Inference,
-# health, metadata, model configs and statistics stay open (the shim and Prometheus need no key for them).
+# What an admin key restricts; inference, health, metadata and statistics stay open.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
-# A header no HTTP request can carry (a ':' ends a header's name): APIs restricted to it are closed to
-# everyone, and no key exists to leak from tritonserver's command line.
+# A header no HTTP request can carry (docs/triton-admin.md): APIs restricted to it are closed to everyone.
 CLOSED_HEADER = "closed:api"
 _ADMIN_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{16,}$")  # Triton's flag syntax leaves no room for , : = or spaces
 # Error lines that a Triton without GPU always prints; they hide the real cause of a failed start.
 HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream",
             # nvImageCodec (resnet50_decode) names the GPU codecs it cannot load; its CPU decoder still works
             "nvjpeg", "nvJPEG", "nvtiff", "nvTIFF")
-
-
-def default_cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "flask-triton-shim" / "embedded-triton"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +51,7 @@ class EmbeddedTritonConfig:
     exit_timeout_s: int = 3
     log_verbose: int = 0
     echo_log: bool = False  # also write Triton's log to stderr (the CLI does)
-    # Set: RESTRICTED_APIS answer only requests with it. tritonserver takes it on its command line, which
-    # every user of the host reads: for tests of a restricted Triton only; make run closes APIs instead.
+    # RESTRICTED_APIS answer only requests with it; on tritonserver's command line: for tests only.
     admin_key: str = field(default="", repr=False)
     closed_apis: tuple[str, ...] = ()  # answered 403 to every request (CLOSED_HEADER); not with admin_key
     admin_header: str = "triton-admin-key"
@@ -93,7 +85,8 @@ class EmbeddedTritonConfig:
         if self.cache_dir is not None:
             return self.cache_dir
         key = hashlib.sha1(str(self.model_repository.resolve()).encode()).hexdigest()[:10]
-        return default_cache_root() / f"{self.model_repository.name}-{key}-{self.http_port}"
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flask-triton-shim"
+        return root / "embedded-triton" / f"{self.model_repository.name}-{key}-{self.http_port}"
 
 
 def port_is_free(host: str, port: int) -> bool:

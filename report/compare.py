@@ -63,7 +63,6 @@ def from_logits(legacy: npt.NDArray[np.float32], triton: npt.NDArray[np.float32]
 
 @dataclass(frozen=True)
 class Latency:
-    backend: str
     samples: tuple[float, ...]  # seconds, sorted
 
     def percentile(self, p: float) -> float | None:
@@ -123,7 +122,7 @@ def summarize(outcomes: Iterable[Outcome]) -> Summary:
         topk_overlap_mean=sum(a.topk_overlap for a in agreements) / len(agreements) if agreements else None,
         score_diffs=tuple(sorted(a.max_score_diff for a in agreements)),
         errors={b: sum(a.backend == b and not a.ok for a in answers) for b in BACKENDS},
-        latency={b: Latency(b, tuple(sorted(a.seconds for a in answers if a.backend == b and a.ok
+        latency={b: Latency(tuple(sorted(a.seconds for a in answers if a.backend == b and a.ok
                                             and a.seconds is not None))) for b in BACKENDS},
     )
 

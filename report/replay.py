@@ -130,7 +130,7 @@ class InProcess:
     """The shim's own backends, built from its settings (SHIM_*), in this process."""
 
     def __init__(self, settings: Settings, *, k: int | None = None, legacy_model: Path | None = None,
-                 labels: Path | None = None, legacy_load_timeout_s: float = 300) -> None:
+                 labels: Path | None = None) -> None:
         from app.backends.legacy import LegacyBackend
         from app.wiring import triton_backend
 
@@ -158,7 +158,7 @@ class InProcess:
             raise Unusable(f"--top-k {self.k} is more than the {len(self.labels)} classes of {self.served.labels_path}")
         self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=0,
                                     max_batch_size=1, image_shape=self.spec.shape,
-                                    load_timeout_s=legacy_load_timeout_s, classes=description.classes)
+                                    load_timeout_s=300, classes=description.classes)
         self.triton = triton_backend(settings, self.served, max_batch_size=1)
         self._triton_info = ""
 
