@@ -156,12 +156,10 @@ class EmbeddedTriton:
             cmd.append("--load-model=*")  # load everything at start; load/unload later through the API
         if c.model_control_mode == "poll":
             cmd.append("--repository-poll-secs=2")
-        if c.admin_key:  # Triton's own syntax: <api>,<api>:<header>=<value>, for HTTP and gRPC alike
-            restricted = f"{','.join(RESTRICTED_APIS)}:{c.admin_header}={c.admin_key}"
-            cmd += [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
-        if c.closed_apis:
-            closed = f"{','.join(c.closed_apis)}:{CLOSED_HEADER}=closed"
-            cmd += [f"--http-restricted-api={closed}", f"--grpc-restricted-protocol={closed}"]
+        if c.admin_key or c.closed_apis:  # Triton's syntax: <api>,<api>:<header>=<value>, for HTTP and gRPC alike
+            rule = (f"{','.join(RESTRICTED_APIS)}:{c.admin_header}={c.admin_key}" if c.admin_key
+                    else f"{','.join(c.closed_apis)}:{CLOSED_HEADER}=closed")
+            cmd += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
         return [*cmd, *c.extra_args]
 
     def start(self) -> Self:

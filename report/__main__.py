@@ -43,11 +43,10 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Before a step of the ramp: replay a folder of images through the legacy path and the Triton "
-                    "path, compare the answers, and judge them: GO (exit 0) or NO-GO (exit 1); 2 when no verdict "
-                    "could be given (bad arguments, no image, an endpoint that does not answer).",
-        epilog="in-process defaults come from the shim's own SHIM_* settings (SHIM_TRITON_URL, SHIM_TRANSPORT, "
-               "SHIM_MODEL_NAME, SHIM_MODEL_REPOSITORY, SHIM_MODEL_VERSION) and the model's model.toml (labels, "
-               "legacy model, top_k), so that the command runs as-is inside the shim's image.")
+                    "path and judge the answers: GO (exit 0), NO-GO (1), no verdict (2: bad arguments, no image, "
+                    "an endpoint that does not answer).",
+        epilog="defaults come from the shim's SHIM_* settings and the model's model.toml, so that the command runs "
+               "as-is inside the shim's image (docs/migration-report.md).")
     p.add_argument("images", type=Path, help="a folder of images (searched recursively; a capture works as is)")
     p.add_argument("--out", type=Path, help="where report.md, report.html and results.csv go "
                                             "(default: report-<UTC time> in the current folder)")

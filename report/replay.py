@@ -51,6 +51,7 @@ class Reply:
     answer: Answer
     logits: npt.NDArray[np.float32] | None = None
 
+
 def find_files(folder: Path) -> list[tuple[str, Path]]:
     """Every file under `folder` (any name: captures keep uploads under request IDs), in a stable order."""
     found = []
@@ -222,7 +223,7 @@ def triton_info(host_port: str, model: str, *, timeout_s: float) -> str:
 
 
 def describe_model(path: Path) -> str:
-    """The model file, its size and hash, and what the export tool recorded inside it."""
+    """The model file, its size and hash, and its export info."""
     try:
         digest = hashlib.sha256()
         with path.open("rb") as f:
@@ -231,20 +232,14 @@ def describe_model(path: Path) -> str:
         text = f"{path} ({path.stat().st_size / 1e6:.1f} MB, sha256 {digest.hexdigest()[:16]})"
     except OSError as e:
         return f"{path} (cannot be read: {e.strerror or e})"
-    info = export_info(path)
-    if info:
-        text += "; export info: " + ", ".join(f"{k} {v}" for k, v in info.items())
-    return text
-
-
-def export_info(path: Path) -> dict[str, object] | None:
-    """What modelrepo/export.py stored in the file, when that tool is at hand (the repo, the shim's image)."""
-    try:
+    try:  # what modelrepo/export.py stored in the file, when that tool is at hand (the repo, the shim's image)
         tool: Any = importlib.import_module("modelrepo.export")
     except ImportError:
-        return None
+        return text
     info = tool.read_export_info(path)
-    return dict(info) if isinstance(info, dict) else None
+    if isinstance(info, dict) and info:
+        text += "; export info: " + ", ".join(f"{k} {v}" for k, v in info.items())
+    return text
 
 
 def _get_json(url: str, timeout_s: float) -> dict[str, Any]:

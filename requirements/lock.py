@@ -28,8 +28,7 @@ LOCK_DIR = ROOT / "requirements"
 INPUTS = LOCK_DIR / "inputs.json"
 PYPI = "https://pypi.org/simple"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-# The dev environment (make run, make test) runs the wheel's Triton: nvidia-pytriton 0.7.0 pins numpy<2,
-# and numpy 1.26 has no wheels for Python 3.13. The shim itself runs on every Python requires-python allows.
+# The dev environment's nvidia-pytriton 0.7.0 pins numpy<2, which has no wheels for Python 3.13.
 DEV_PYTHONS = ((3, 11), (3, 12))
 # torch's CUDA runtime: PyPI's torch wheels for Linux require these; the CPU builds (WITH_LEGACY=1) do not.
 CUDA_NAMES = re.compile(r"^(nvidia-.*|cuda-.*|triton)$")
@@ -228,8 +227,7 @@ class Uv:
         args = ["pip", "compile", *sources, "--output-file", str(out), "--no-header", "--no-config",
                 "--python", sys.executable, "--python-version", python, "--quiet", *extra, "--generate-hashes"]
         if universal:
-            # One version of a package for every Python where one can serve them all (numpy 2.4 for 3.11 to
-            # 3.13, not 2.4 and 2.5): make test-prod on 3.13 then tests what the 3.11 image installs.
+            # One version for every Python where one serves all: make test-prod on 3.13 tests the 3.11 image's.
             args += ["--universal", "--fork-strategy", "fewest"]
         if platform:
             args += ["--python-platform", platform]
@@ -252,8 +250,7 @@ def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path, *
         constraint.write_text("\n".join(constraints(lock, pyproject)) + "\n")
         extra += ["--constraints", str(constraint)]
     if lock.name == "shim-legacy":
-        # PyPI's torch is the CUDA build: its runtime is left out, and torch and torchvision themselves
-        # come from PyTorch's CPU index (requirements/torch-cpu.txt).
+        # PyPI's torch is the CUDA build: its runtime left out, torch itself from the CPU index (torch-cpu.txt).
         dev_pins = read_pins(LOCK_DIR / "dev.txt")
         excludes = work / "cuda.txt"
         excludes.write_text("\n".join(sorted(cuda_only(dev_pins))) + "\n")
@@ -263,8 +260,7 @@ def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path, *
         out.write_text(lock.path.read_text())
     uv.compile(sources, out, python=lock.python, universal=lock.universal, platform=lock.platform, extra=extra)
     text = out.read_text()
-    # The annotations name the scratch files: name what they stand for instead, so that the file is the same
-    # wherever and whenever it is made.
+    # The annotations name the scratch files: name what they stand for, so the file is the same anywhere.
     text = text.replace(f"-r {work / f'{lock.name}.build.in'}", "pyproject.toml [build-system]")
     sources_of = " ".join(f"requirements/{source}.txt" for source, _ in lock.constrain)
     text = text.replace(f"-c {work / f'{lock.name}.constraints.txt'}", f"-c {sources_of}")
