@@ -372,16 +372,12 @@ def check(env: str) -> int:
     return 0
 
 
-def supported(env: str) -> list[tuple[int, int]]:
-    problems = {v: python_problem(env, read_pyproject(), v) for v in [(3, m) for m in range(8, 20)]}
-    return [v for v, problem in problems.items() if problem is None]
-
-
 def find_python(env: str) -> str:
     """An interpreter that can run `env`: for dev, python3 when it can, else the oldest supported one found;
     for prod, the newest (it proves the shim on another Python than the dev one). PATH first, then pyenv's
     versions (installed there, but maybe not selected, so that `python3.13` is not runnable)."""
-    versions = supported(env)
+    pyproject = read_pyproject()
+    versions = [v for v in [(3, m) for m in range(8, 20)] if python_problem(env, pyproject, v) is None]
     if env == "prod":
         versions = versions[::-1]
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
