@@ -11,12 +11,11 @@ import http.client
 import importlib
 import json
 import os
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,27 +81,17 @@ def load(index: int, name: str, path: Path, spec: ImageSpec) -> Loaded | str:
 
 def replay(source: InProcess, files: list[tuple[str, Path]], *, concurrency: int = 1,
            on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Each file through both backends; one Outcome per file, in the files' order."""
-    outcomes: list[Outcome | None] = [None] * len(files)
-    lock = threading.Lock()
-
-    def one(index: int) -> None:
-        name, path = files[index]
-        outcome = _replay_one(source, index, name, path)
-        with lock:
-            outcomes[index] = outcome
+    """Each file through both backends; one Outcome per file, in the files' order (on_outcome sees them so)."""
+    outcomes = []
+    pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="replay")
+    try:  # the first failure ends the run: the files not started yet are cancelled
+        for outcome in pool.map(lambda i: _replay_one(source, i, *files[i]), range(len(files))):
+            outcomes.append(outcome)
             if on_outcome is not None:
                 on_outcome(outcome)
-
-    pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="replay")
-    try:
-        futures: list[Future[None]] = [pool.submit(one, i) for i in range(len(files))]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for future in done:
-            future.result()  # the first failure (Unusable) ends the run
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    return [o for o in outcomes if o is not None]
+    return outcomes
 
 
 def first_image(files: list[tuple[str, Path]], spec: ImageSpec) -> Loaded | None:
