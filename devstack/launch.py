@@ -39,8 +39,7 @@ class ServedApp:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def stop(self, *, graceful: bool = True) -> None:
-        """SIGTERM: gunicorn lets in-flight requests finish (seconds); else SIGQUIT, its quick shutdown (the
-        master still reaps the workers: its child_exit hook runs)."""
+        """SIGTERM: in-flight requests finish (seconds); else SIGQUIT, quick (the master still reaps the workers)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM if graceful else signal.SIGQUIT)
             try:

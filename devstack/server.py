@@ -201,8 +201,7 @@ class EmbeddedTriton:
                                       f"full log: {self.log_path}") from e
 
     def stop(self, *, graceful: bool = True) -> None:
-        """Stop the server: drained and unloaded (a few seconds), or killed at once with its stubs (tests
-        that only need it gone). Either way its /dev/shm files go too."""
+        """Drained and unloaded (a few seconds), or killed at once with its stubs; its /dev/shm files go too."""
         self._stop.set()
         process, self._process = self._process, None
         if process is not None:

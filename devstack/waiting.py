@@ -15,8 +15,7 @@ class WaitTimeout(TimeoutError):
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, *, interval_s: float = 0.2,
                give_up: Callable[[], str | None] | None = None) -> None:
-    """Poll `predicate` until it is true; WaitTimeout after `timeout_s`, or at once when `give_up` (asked
-    between polls) gives a reason (a process that died)."""
+    """Poll `predicate`; WaitTimeout after `timeout_s`, or at once when `give_up` gives a reason (a death)."""
     deadline = time.monotonic() + timeout_s
     while True:
         if predicate():

@@ -128,7 +128,6 @@ def summarize(outcomes: Iterable[Outcome]) -> Summary:
 
 
 def worst(outcomes: Iterable[Outcome], n: int) -> list[Outcome]:
-    """The n compared images that disagree most, worst first (file name breaks ties); identical answers are
-    not disagreements."""
+    """The n compared images that disagree at all, worst first (file name breaks ties)."""
     compared = [o for o in outcomes if o.agreement is not None and o.agreement.score != (1, 1.0, 0.0)]
     return sorted(compared, key=lambda o: (o.agreement.score if o.agreement else (1, 1.0, 0.0), o.name))[:n]

@@ -161,8 +161,7 @@ class InProcess:
         self.legacy.start()  # torch loads in the background while the first image decodes
 
     def warm_up(self, image: Loaded, *, calls: int) -> None:
-        """Uncounted calls per backend (TorchScript's profiling executor optimises a graph over its first runs);
-        Unusable when a path does not answer."""
+        """Uncounted calls per backend (TorchScript optimises a graph over its first runs); Unusable if one fails."""
         for _ in range(calls):
             for backend in BACKENDS:
                 reply = self.ask(backend, image)

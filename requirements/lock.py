@@ -165,8 +165,7 @@ def read_pins(path: Path) -> list[Pin]:
 
 
 def cuda_only(pins: Iterable[Pin]) -> set[str]:
-    """Packages there only for torch's CUDA build: torch's nvidia-*/cuda-*/triton dependencies and whatever
-    only they need (a package that anything else needs too stays)."""
+    """torch's nvidia-*/cuda-*/triton dependencies, and whatever only they need."""
     pins = list(pins)
     cuda = {p.name for p in pins if "torch" in p.via and CUDA_NAMES.match(p.name)}
     grew = True
@@ -271,8 +270,7 @@ def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path, *
 
 
 def torch_cpu_lock(uv: Uv, pyproject: dict[str, object], work: Path) -> tuple[str, str | None]:
-    """torch and torchvision as PyTorch's CPU builds, at the versions the `legacy` extra pins; hashed when
-    the CPU index answers. Returns the file's text and, when it could not be hashed, why."""
+    """torch-cpu.txt's text (the `legacy` extra's pins as CPU builds) and, when the CPU index could not hash it, why."""
     legacy: list[str] = pyproject["project"]["optional-dependencies"]["legacy"]  # type: ignore[index]
     pins = []
     for requirement in legacy:
@@ -302,8 +300,6 @@ def torch_cpu_lock(uv: Uv, pyproject: dict[str, object], work: Path) -> tuple[st
 def lock_all(uv_binary: str, *, upgrade: bool = False) -> int:
     uv = Uv(uv_binary)
     pyproject = read_pyproject()
-    LOCK_DIR.mkdir(exist_ok=True)
-    warnings = []
     with tempfile.TemporaryDirectory(prefix="lock-") as tmp:
         work = Path(tmp)
         for lock in LOCKS:
@@ -317,10 +313,8 @@ def lock_all(uv_binary: str, *, upgrade: bool = False) -> int:
         text, warning = torch_cpu_lock(uv, pyproject, work)
         changed = write_if_changed(TORCH_CPU, text)
         print(f"lock: {TORCH_CPU.relative_to(ROOT)} {'written' if changed else 'unchanged'}", flush=True)
-        if warning:
-            warnings.append(warning)
     write_if_changed(INPUTS, json.dumps(inputs(pyproject), indent=2, sort_keys=True) + "\n")
-    for warning in warnings:
+    if warning:
         print(f"lock: WARNING: {warning}", file=sys.stderr)
     print("lock: done; commit requirements/ with pyproject.toml", flush=True)
     return 0
