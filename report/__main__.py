@@ -4,6 +4,7 @@ exit 0 GO, 1 NO-GO, 2 no verdict (report/__init__.py)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -133,19 +134,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="migration report: %(levelname)s %(name)s: %(message)s")
     try:
-        thresholds = Thresholds(min_top1_agreement=args.min_top1_agreement, min_topk_overlap=args.min_topk_overlap,
-                                max_score_diff=args.max_score_diff, max_p99_ratio=args.max_p99_ratio,
-                                max_errors=args.max_errors)
+        thresholds = Thresholds(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)})
     except ValueError as e:
         p.error(str(e))
-    if args.concurrency < 1:
-        p.error("--concurrency must be at least 1")
-    if args.warm_up < 1:
-        p.error("--warm-up must be at least 1: the warm-up checks that both paths answer")
-    if args.timeout is not None and args.timeout <= 0:
-        p.error("--timeout must be > 0")
-    if not args.images.is_dir():
-        p.error(f"{args.images} is not a folder")
+    for bad, message in [(args.concurrency < 1, "--concurrency must be at least 1"),
+                         (args.warm_up < 1, "--warm-up must be at least 1: the warm-up checks that both paths answer"),
+                         (args.timeout is not None and args.timeout <= 0, "--timeout must be > 0"),
+                         (not args.images.is_dir(), f"{args.images} is not a folder")]:
+        if bad:
+            p.error(message)
     files = find_files(args.images)
     if not files:
         p.error(f"{args.images} holds no file")

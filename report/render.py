@@ -100,12 +100,12 @@ def sections(report: Report) -> list[Section]:
         "Largest score difference per image", s.score_diffs, low_exp=-8, high_exp=0, bins_per_decade=2,
         x_label="largest |probability difference| of an image (log scale; the first bin holds 0)",
         y_label="images", marker=(t.max_score_diff, f"threshold {t.max_score_diff:g}"))
+    share = f" ({percent(s.same_top1 / s.compared)})" if s.compared else ""
+    overlap = percent(s.topk_overlap_mean) if s.topk_overlap_mean is not None else "n/a"
     agreement = Section("Agreement", plots=[bars, histogram], paragraphs=[
-        f"Top-1 the same for {s.same_top1} of {s.compared} compared images"
-        + (f" ({percent(s.same_top1 / s.compared)})" if s.compared else "") + "; mean top-" + f"{k} overlap "
-        + (percent(s.topk_overlap_mean) if s.topk_overlap_mean is not None else "n/a") + "; largest score "
-        "difference per image: median " + _g(percentile(s.score_diffs, 50)) + ", p99 " + _g(s.score_diff_p99)
-        + ", largest " + _g(s.score_diff_max) + "."])
+        f"Top-1 the same for {s.same_top1} of {s.compared} compared images{share}; mean top-{k} overlap {overlap}; "
+        f"largest score difference per image: median {_g(percentile(s.score_diffs, 50))}, p99 {_g(s.score_diff_p99)}, "
+        f"largest {_g(s.score_diff_max)}."])
 
     latency = Section("Latency", headers=["backend", "answered", "errors", "p50 ms", "p90 ms", "p99 ms", "max ms",
                                           "mean ms"])
@@ -113,9 +113,9 @@ def sections(report: Report) -> list[Section]:
         lat = s.latency[backend]
         latency.rows.append([backend, str(len(lat.samples)), str(s.errors[backend]),
                              *(_ms(lat.percentile(p)) for p in (50, 90, 99, 100)), _ms(lat.mean)])
-    latency.after.append("Percentiles are nearest-rank (report/percentiles.py) over the successful calls" + (
-        f"; with {min(len(s.latency[b].samples) for b in BACKENDS)} calls, p99 is close to the largest one."
-        if min(len(s.latency[b].samples) for b in BACKENDS) < 100 else "."))
+    fewest = min(len(s.latency[b].samples) for b in BACKENDS)
+    latency.after.append("Percentiles are nearest-rank (report/percentiles.py) over the successful calls"
+                         + (f"; with {fewest} calls, p99 is close to the largest one." if fewest < 100 else "."))
     latency.plots.append(svg.cdf("Latency per call, cumulative", [
         svg.Series(b, COLORS[b], s.latency[b].samples) for b in BACKENDS],
         x_label="milliseconds", y_label="share of calls at or below", unit_scale=1000, unit=" ms"))
