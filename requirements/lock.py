@@ -348,22 +348,16 @@ def python_problem(env: str, pyproject: dict[str, object], version: tuple[int, i
 
 def check(env: str) -> int:
     pyproject = read_pyproject()
-    problem = python_problem(env, pyproject)
+    missing = [str(p.relative_to(ROOT)) for p in [INPUTS, TORCH_CPU, *(lock.path for lock in LOCKS)] if not p.is_file()]
+    problem = python_problem(env, pyproject) or (f"missing {', '.join(missing)}: run `make lock`" if missing else None)
+    changed = [] if problem else differences(json.loads(INPUTS.read_text()), inputs(pyproject))
+    if changed:
+        problem = ("pyproject.toml and the lock files in requirements/ disagree; what changed since `make lock` last "
+                   "ran:\n" + "".join(f"  - {line}\n" for line in changed)
+                   + "Run `make lock` (it rewrites requirements/ from pyproject.toml) and commit both.")
     if problem:
         print(f"install: {problem}", file=sys.stderr)
-        return 1
-    missing = [str(p.relative_to(ROOT)) for p in [INPUTS, TORCH_CPU, *(lock.path for lock in LOCKS)] if not p.is_file()]
-    if missing:
-        print(f"install: missing {', '.join(missing)}: run `make lock`", file=sys.stderr)
-        return 1
-    recorded = json.loads(INPUTS.read_text())
-    changed = differences(recorded, inputs(pyproject))
-    if changed:
-        print("install: pyproject.toml and the lock files in requirements/ disagree; what changed since "
-              "`make lock` last ran:\n" + "".join(f"  - {line}\n" for line in changed)
-              + "Run `make lock` (it rewrites requirements/ from pyproject.toml) and commit both.", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if problem else 0
 
 
 def find_python(env: str) -> str:
