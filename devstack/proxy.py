@@ -85,8 +85,7 @@ def command(binary: Path, prefix: Path, *extra: str) -> list[str]:
     """The deployments' command line, with this prefix. As root, `user root`: nginx's default worker user cannot
     enter pytest's 0700 temporary folders, and every buffered upload would fail with 500."""
     settings = "daemon off;" + (" user root;" if os.geteuid() == 0 else "")
-    return [str(binary), "-e", "stderr", "-p", f"{prefix}/", "-c", str(prefix / "nginx.conf"), *extra,
-            "-g", settings]
+    return [str(binary), "-e", "stderr", "-p", f"{prefix}/", "-c", str(prefix / "nginx.conf"), *extra, "-g", settings]
 
 
 def values_for(upstream: str, port: int, settings: Settings | None = None, *, prefix: Path,
@@ -141,8 +140,7 @@ def check(values: dict[str, str], template: Path = TEMPLATE,
         if "PROXY_REAL_IP_FROM" not in values:
             values = entrypoint(values)
         (prefix / "nginx.conf").write_text(render(values, template))
-        return subprocess.run(command(binary, prefix, "-t"), capture_output=True, text=True, timeout=60,
-                              check=False)
+        return subprocess.run(command(binary, prefix, "-t"), capture_output=True, text=True, timeout=60, check=False)
 
 
 class Proxy:
@@ -157,9 +155,8 @@ class Proxy:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.prefix = folder
-        self.prefix.mkdir(parents=True, exist_ok=True)
-        values = {**values_for(upstream, self.port, settings, prefix=self.prefix, trusted=trusted),
-                  **(overrides or {})}
+        folder.mkdir(parents=True, exist_ok=True)
+        values = {**values_for(upstream, self.port, settings, prefix=self.prefix, trusted=trusted), **(overrides or {})}
         check_limits(values, settings)
         self.values = entrypoint(values)
         (self.prefix / "nginx.conf").write_text(render(self.values))

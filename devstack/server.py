@@ -194,11 +194,8 @@ class EmbeddedTriton:
             wait_for_http(f"http://{self.http_url}/v2/health/ready", timeout_s, what="tritonserver to be ready",
                           give_up=lambda: None if self.running else "tritonserver exited")
         except WaitTimeout as e:
-            if not self.running:
-                raise EmbeddedTritonError(f"tritonserver exited during start-up ({self._errors()}); "
-                                          f"full log: {self.log_path}") from e
-            raise EmbeddedTritonError(f"tritonserver was not ready within {timeout_s:.0f} s ({self._errors()}); "
-                                      f"full log: {self.log_path}") from e
+            what = f"was not ready within {timeout_s:.0f} s" if self.running else "exited during start-up"
+            raise EmbeddedTritonError(f"tritonserver {what} ({self._errors()}); full log: {self.log_path}") from e
 
     def stop(self, *, graceful: bool = True) -> None:
         """Drained and unloaded (a few seconds), or killed at once with its stubs; its /dev/shm files go too."""

@@ -132,13 +132,11 @@ class InProcess:
                 check_labels(self.served.description, read, labels)
                 self.served = dataclasses.replace(self.served, labels=read, labels_path=labels)
         except SettingsError as e:
-            raise Unusable(f"{e} (--model-repository, --model, --labels or their SHIM_* settings)") \
-                from None
+            raise Unusable(f"{e} (--model-repository, --model, --labels or their SHIM_* settings)") from None
         if legacy_model is not None:
             self.served = dataclasses.replace(self.served, legacy_model_path=legacy_model)
         description = self.served.description
-        self.spec = self.served.spec
-        self.labels = self.served.labels
+        self.spec, self.labels = self.served.spec, self.served.labels
         self.scores = SCORE_FUNCTIONS[description.scores]
         self.k = k if k is not None else self.served.top_k
         if not self.served.legacy_model_path.is_file():
