@@ -45,12 +45,6 @@ class Loaded:
     upload: Upload  # decoded once (its tensor made at load), what each backend prepares from
 
 
-@dataclass(frozen=True)
-class Reply:
-    answer: Answer
-    logits: npt.NDArray[np.float32] | None = None
-
-
 def find_files(folder: Path) -> list[tuple[str, Path]]:
     """Every file under `folder` (any name: captures keep uploads under request IDs), in a stable order."""
     found = []
@@ -109,11 +103,10 @@ def _replay_one(source: InProcess, index: int, name: str, path: Path) -> Outcome
         return Outcome(name, skipped=loaded)
     order = BACKENDS if index % 2 == 0 else tuple(reversed(BACKENDS))
     replies = {backend: source.ask(backend, loaded) for backend in order}
-    legacy, triton = replies[LEGACY], replies[TRITON]
-    agreement = None
-    if legacy.logits is not None and triton.logits is not None:
-        agreement = from_logits(legacy.logits, triton.logits, source.k, source.scores)
-    return Outcome(name, legacy=legacy.answer, triton=triton.answer, agreement=agreement)
+    (legacy, legacy_logits), (triton, triton_logits) = replies[LEGACY], replies[TRITON]
+    agreement = (None if legacy_logits is None or triton_logits is None
+                 else from_logits(legacy_logits, triton_logits, source.k, source.scores))
+    return Outcome(name, legacy=legacy, triton=triton, agreement=agreement)
 
 
 class InProcess:
@@ -162,11 +155,12 @@ class InProcess:
         """Uncounted calls per backend (TorchScript optimises a graph over its first runs); Unusable if one fails."""
         for _ in range(calls):
             for backend in BACKENDS:
-                reply = self.ask(backend, image)
-                if not reply.answer.ok:
-                    raise Unusable(f"the {backend} path does not answer: {reply.answer.error}")
+                answer, _ = self.ask(backend, image)
+                if not answer.ok:
+                    raise Unusable(f"the {backend} path does not answer: {answer.error}")
 
-    def ask(self, backend: str, image: Loaded) -> Reply:
+    def ask(self, backend: str, image: Loaded) -> tuple[Answer, npt.NDArray[np.float32] | None]:
+        """The answer, and its whole row of logits when there is one."""
         chosen = self.legacy if backend == LEGACY else self.triton
         started = time.perf_counter()
         try:  # prepared as the shim prepares it: the encoded transport sends the upload as it came
@@ -174,9 +168,9 @@ class InProcess:
             if isinstance(row, ShimError):
                 raise row
         except ShimError as e:  # the backends raise nothing else
-            return Reply(Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"))
+            return Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"), None
         seconds = time.perf_counter() - started
-        return Reply(Answer(backend, seconds, tuple(top_k(row, self.labels, self.k, self.scores))), logits=row)
+        return Answer(backend, seconds, tuple(top_k(row, self.labels, self.k, self.scores))), row
 
     def describe(self) -> list[tuple[str, str]]:
         s = self.settings
