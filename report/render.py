@@ -153,10 +153,10 @@ def sections(report: Report) -> list[Section]:
         f"**Top-1 agreement**: the share of compared images whose best class is the same. **Top-{k} overlap**: the "
         f"share of legacy's top-{k} classes that Triton's top-{k} also holds, averaged over images. **Score "
         "difference**: per image, the largest difference of any class's probability between the two answers; the "
-        "check uses the 99th percentile over images, so a "
-        "threshold tolerates the same rare outliers the top-1 threshold does. **p99 latency ratio**: Triton's 99th "
-        "percentile call time over legacy's, measured on the same machine in the same run. **Errors**: failed "
-        "calls of either backend, including a shim's fallback to legacy on a request for Triton."]))
+        "check uses the 99th percentile over images, so a threshold tolerates the same rare outliers the top-1 "
+        "threshold does. **p99 latency ratio**: Triton's 99th percentile call time over legacy's, measured on the "
+        "same machine in the same run. **Errors**: failed calls of either backend, including a shim's fallback to "
+        "legacy on a request for Triton."]))
     return out
 
 
