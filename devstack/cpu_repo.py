@@ -70,9 +70,8 @@ def plan_model(model_dir: Path, cpus: int, gpu: bool = False) -> dict[Path, Entr
     header = GENERATED_HEADER.format(source=config_path)
     entries: dict[Path, Entry] = {
         Path("config.pbtxt"): (header + text_format.MessageToString(cpu_config(config, cpus, gpu))).encode()}
-    for path in sorted(model_dir.rglob("*")):
-        rel = path.relative_to(model_dir)
-        if rel == Path("config.pbtxt") or "__pycache__" in rel.parts:
+    for path, rel in _walk(model_dir):
+        if rel == Path("config.pbtxt"):
             continue
         if path.is_dir():
             entries[rel] = None
@@ -83,19 +82,15 @@ def plan_model(model_dir: Path, cpus: int, gpu: bool = False) -> dict[Path, Entr
     return entries
 
 
+def _walk(folder: Path) -> list[tuple[Path, Path]]:
+    """Every path under `folder` with its relative path, but the __pycache__ the python backend writes."""
+    found = [(path, path.relative_to(folder)) for path in sorted(folder.rglob("*"))]
+    return [(path, rel) for path, rel in found if "__pycache__" not in rel.parts]
+
+
 def read_existing(model_dir: Path) -> dict[Path, Entry]:
-    entries: dict[Path, Entry] = {}
-    for path in sorted(model_dir.rglob("*")):
-        rel = path.relative_to(model_dir)
-        if "__pycache__" in rel.parts:
-            continue  # the python backend writes these beside model.py
-        if path.is_symlink():
-            entries[rel] = Path(os.readlink(path))
-        elif path.is_dir():
-            entries[rel] = None
-        else:
-            entries[rel] = path.read_bytes()
-    return entries
+    return {rel: Path(os.readlink(path)) if path.is_symlink() else None if path.is_dir() else path.read_bytes()
+            for path, rel in _walk(model_dir)}
 
 
 def write_model(entries: dict[Path, Entry], into: Path) -> None:

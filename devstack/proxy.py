@@ -11,6 +11,7 @@ PROXY_MAX_INFLIGHT and PROXY_TRUSTED_ADDRESSES override them, and a pair that di
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -189,17 +190,14 @@ class Proxy:
 
     def stop(self) -> None:
         """Graceful (SIGQUIT: open requests finish), then SIGTERM, then the process group killed."""
-        if self.process.poll() is None:
-            for sig, wait_s in ((signal.SIGQUIT, 10), (signal.SIGTERM, 5)):
+        for sig, wait_s in ((signal.SIGQUIT, 10), (signal.SIGTERM, 5)):
+            if self.process.poll() is None:
                 self.process.send_signal(sig)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.process.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            else:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
         self._stdout.close()
         self._stderr.close()
 
