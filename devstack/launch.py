@@ -50,8 +50,8 @@ class ServedApp:
         self._log.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 

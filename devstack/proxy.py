@@ -107,9 +107,7 @@ def values_for(upstream: str, port: int, settings: Settings | None = None, *, pr
 
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port(socket.SOCK_DGRAM)
 
 
 def check_limits(values: dict[str, str], settings: Settings) -> None:

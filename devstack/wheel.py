@@ -46,9 +46,8 @@ class TritonWheel:
 
     def stub_pythons(self) -> list[Version]:
         """The Python versions the wheel has a stub for (0.7.0: 3.8 to 3.13)."""
-        found = [tuple(int(x) for x in d.name.split(".")) for d in (self.root / "python_backend_stubs").glob("3.*")
-                 if d.name.replace(".", "").isdigit() and (d / "triton_python_backend_stub").is_file()]
-        return sorted((v[0], v[1]) for v in found)
+        return sorted((3, int(d.name[2:])) for d in (self.root / "python_backend_stubs").glob("3.*")
+                      if d.name[2:].isdigit() and (d / "triton_python_backend_stub").is_file())
 
     def check(self) -> None:
         for path, what in [(self.binary, "the tritonserver binary"),

@@ -274,14 +274,11 @@ def results_csv(outcomes: Sequence[Outcome]) -> str:
         status = "skipped" if o.skipped is not None else "compared" if a is not None else "error"
         row: list[object] = [o.name, status]
         row += ["", "", ""] if a is None else [int(a.same_top1), f"{a.topk_overlap:.4f}", f"{a.max_score_diff:.3e}"]
-        for answer in (o.legacy, o.triton):
-            best = answer.top[0] if answer is not None and answer.top else None
+        answers = (o.legacy, o.triton)
+        for best in [a.top[0] if a is not None and a.top else None for a in answers]:
             row += ["", "", ""] if best is None else [best.class_id, best.label, f"{best.score:.6f}"]
-        for answer in (o.legacy, o.triton):
-            seconds = answer.seconds if answer is not None and answer.ok else None
-            row.append("" if seconds is None else f"{seconds * 1000:.3f}")
-        for answer in (o.legacy, o.triton):
-            row.append("" if answer is None or answer.error is None else answer.error)
+        row += ["" if a is None or not a.ok or a.seconds is None else f"{a.seconds * 1000:.3f}" for a in answers]
+        row += ["" if a is None or a.error is None else a.error for a in answers]
         row.append(o.skipped or "")
         writer.writerow(row)
     return buffer.getvalue()
