@@ -84,12 +84,10 @@ run_local: hot reload after a model's files change:
   curl -X POST http://{triton.http_url}/v2/repository/models/resnet50/load
 """, flush=True)
         while not stop.wait(0.5):
-            if shim.poll() is not None:
-                print(f"run_local: the shim exited with status {shim.returncode}", file=sys.stderr)
-                status = 1
-                break
-            if not triton.running:
-                print(f"run_local: Triton exited unexpectedly; see {triton.log_path}", file=sys.stderr)
+            died = (f"the shim exited with status {shim.returncode}" if shim.poll() is not None
+                    else None if triton.running else f"Triton exited unexpectedly; see {triton.log_path}")
+            if died:
+                print(f"run_local: {died}", file=sys.stderr)
                 status = 1
                 break
     finally:
