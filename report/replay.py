@@ -205,10 +205,8 @@ def triton_info(host_port: str, model: str, *, timeout_s: float) -> str:
 def describe_model(path: Path) -> str:
     """The model file, its size and hash, and its export info."""
     try:
-        digest = hashlib.sha256()
         with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+            digest = hashlib.file_digest(f, "sha256")
         text = f"{path} ({path.stat().st_size / 1e6:.1f} MB, sha256 {digest.hexdigest()[:16]})"
     except OSError as e:
         return f"{path} (cannot be read: {e.strerror or e})"

@@ -69,8 +69,7 @@ def _y_axis(top: float, *, fraction: bool = False) -> tuple[list[str], float]:
     return parts, high
 
 
-def stacked_bars(title: str, categories: Sequence[str], series: Sequence[Series], *, x_label: str,
-                 y_label: str) -> str:
+def stacked_bars(title: str, categories: Sequence[str], series: Sequence[Series], *, x_label: str, y_label: str) -> str:
     """One bar per category, the series stacked in it (bottom first); the count written above each bar."""
     totals = [sum(s.values[i] for s in series) for i in range(len(categories))]
     body, high = _y_axis(max(totals, default=0) or 1)
