@@ -199,6 +199,12 @@ def header(lock_path: Path, installed_by: str, uv_version: str) -> str:
             f"# Made by `make lock` (requirements/lock.py, {uv_version}) from pyproject.toml: never edit it by hand.\n")
 
 
+def scratch(path: Path, lines: Iterable[str]) -> str:
+    """A file of `lines` for uv to read; its path."""
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return str(path)
+
+
 def write_if_changed(path: Path, text: str) -> bool:
     if path.is_file() and path.read_text() == text:
         return False
@@ -241,19 +247,13 @@ def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path, *
     sources += [a for group in lock.groups for a in ("--group", group)]
     extra = ["--index-url", PYPI, *lock.extra_args]
     if lock.build:
-        build = work / f"{lock.name}.build.in"
-        build.write_text("\n".join(pyproject["build-system"]["requires"]) + "\n")  # type: ignore[index]
-        sources.append(str(build))
+        sources.append(scratch(work / f"{lock.name}.build.in", pyproject["build-system"]["requires"]))  # type: ignore[index]
     if lock.constrain:
-        constraint = work / f"{lock.name}.constraints.txt"
-        constraint.write_text("\n".join(constraints(lock, pyproject)) + "\n")
-        extra += ["--constraints", str(constraint)]
+        extra += ["--constraints", scratch(work / f"{lock.name}.constraints.txt", constraints(lock, pyproject))]
     if lock.name == "shim-legacy":
         # PyPI's torch is the CUDA build: its runtime left out, torch itself from the CPU index (torch-cpu.txt).
-        dev_pins = read_pins(LOCK_DIR / "dev.txt")
-        excludes = work / "cuda.txt"
-        excludes.write_text("\n".join(sorted(cuda_only(dev_pins))) + "\n")
-        extra += ["--excludes", str(excludes), "--no-emit-package", "torch", "--no-emit-package", "torchvision"]
+        excludes = scratch(work / "cuda.txt", sorted(cuda_only(read_pins(LOCK_DIR / "dev.txt"))))
+        extra += ["--excludes", excludes, "--no-emit-package", "torch", "--no-emit-package", "torchvision"]
     out = work / f"{lock.name}.txt"
     if lock.path.is_file() and not upgrade:  # uv keeps the pins of the file it writes, where they still fit
         out.write_text(lock.path.read_text())
@@ -278,12 +278,11 @@ def torch_cpu_lock(uv: Uv, pyproject: dict[str, object], work: Path) -> tuple[st
         if not match:
             raise LockError(f"the legacy extra must pin each package exactly (torch==X.Y.Z), not {requirement!r}")
         pins.append(f"{match.group(1)}=={match.group(2)}+cpu")
-    source = work / "torch-cpu.in"
-    source.write_text("\n".join(pins) + "\n")
+    source = scratch(work / "torch-cpu.in", pins)
     out = work / "torch-cpu.txt"
     installed_by = ("Dockerfile (WITH_LEGACY=1), with --no-deps from " + TORCH_CPU_INDEX
                     + ": torch and torchvision as CPU builds (their dependencies: requirements/shim-legacy.txt)")
-    result = uv.compile([str(source)], out, python="3.11", universal=False, platform="x86_64-manylinux_2_28",
+    result = uv.compile([source], out, python="3.11", universal=False, platform="x86_64-manylinux_2_28",
                         extra=["--index-url", TORCH_CPU_INDEX, "--no-deps"], check=False)
     if result.returncode == 0:
         return header(TORCH_CPU, installed_by, uv.version) + out.read_text(), None
