@@ -152,10 +152,8 @@ class EmbeddedTriton:
             f"--model-control-mode={c.model_control_mode}",
             f"--log-verbose={c.log_verbose}",
         ]
-        if c.model_control_mode == "explicit":
-            cmd.append("--load-model=*")  # load everything at start; load/unload later through the API
-        if c.model_control_mode == "poll":
-            cmd.append("--repository-poll-secs=2")
+        # explicit: load everything at start, load/unload later through the API
+        cmd += {"explicit": ["--load-model=*"], "poll": ["--repository-poll-secs=2"]}.get(c.model_control_mode, [])
         if c.admin_key or c.closed_apis:  # Triton's syntax: <api>,<api>:<header>=<value>, for HTTP and gRPC alike
             rule = (f"{','.join(RESTRICTED_APIS)}:{c.admin_header}={c.admin_key}" if c.admin_key
                     else f"{','.join(c.closed_apis)}:{CLOSED_HEADER}=closed")

@@ -182,16 +182,13 @@ def markdown(report: Report) -> str:
     lines = ["# Migration report: legacy -> Triton", "",
              f"**Verdict: {report.verdict.label}**: {_verdict_line(report.verdict)}.", ""]
     for section in sections(report):
-        lines += [f"## {section.title}", ""]
-        for paragraph in section.paragraphs:
-            lines += [paragraph, ""]
+        lines += [f"## {section.title}", "", *[x for p in section.paragraphs for x in (p, "")]]
         if section.rows:
             lines.append("| " + " | ".join(_md_cell(h) for h in section.headers) + " |")
             lines.append("|" + "---|" * len(section.headers))
             lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in section.rows]
             lines.append("")
-        for paragraph in section.after:
-            lines += [paragraph, ""]
+        lines += [x for p in section.after for x in (p, "")]
         if section.plots:
             lines += ["(Plots: report.html.)", ""]
     return "\n".join(lines)
