@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         source = make_source(args, p)
         first = first_image(files, source.spec)
         if first is None:
-            return _usage(f"none of the {len(files)} files under {args.images} is an image the shim reads")
+            raise Unusable(f"none of the {len(files)} files under {args.images} is an image the shim reads")
         source.check()
         source.warm_up(first, calls=args.warm_up)
         clock = time.monotonic()
@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         outcomes=outcomes, summary=summary, verdict=verdict)
         paths = write(report, out)
     except Unusable as e:
-        return _usage(str(e))
+        print(f"migration report: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("migration report: interrupted; no report written", file=sys.stderr)
         return 130
@@ -184,11 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           file=sys.stderr)
     print(paths["markdown"])
     return EXIT_GO if verdict.go else EXIT_NO_GO
-
-
-def _usage(message: str) -> int:
-    print(f"migration report: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 if __name__ == "__main__":
