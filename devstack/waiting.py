@@ -17,9 +17,7 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, *, in
                give_up: Callable[[], str | None] | None = None) -> None:
     """Poll `predicate`; WaitTimeout after `timeout_s`, or at once when `give_up` gives a reason (a death)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        if predicate():
-            return
+    while not predicate():
         reason = give_up() if give_up is not None else None
         if reason:
             raise WaitTimeout(f"stopped waiting for {what}: {reason}")
