@@ -1,9 +1,5 @@
-"""A real Triton Inference Server from the nvidia-pytriton wheel, for machines with no GPU and no docker.
-
-    python -m devstack --model-repository triton_repo
-
-serves a CPU copy of the repository (see cpu_repo.py) on loopback until Ctrl-C.
-"""
+"""A real Triton Inference Server from the nvidia-pytriton wheel, for machines with no GPU and no docker:
+`python -m devstack --model-repository triton_repo` serves a CPU copy of it (cpu_repo.py) until Ctrl-C."""
 
 from __future__ import annotations
 

@@ -2,11 +2,8 @@
 
     python -m devstack [options] [-- tritonserver options...]
 
-Options after `--` are passed on to tritonserver as they are (e.g. --http-restricted-api=...).
-
-With an admin key (--admin-key-file FILE, --admin-key KEY or $TRITON_ADMIN_KEY), Triton's model-repository,
-shared-memory, trace and logging APIs answer only requests that carry it in the header --admin-header
-(default triton-admin-key; gRPC clients send it as metadata `triton-grpc-protocol-<header>`).
+With an admin key, Triton's model-repository, shared-memory, trace and logging APIs answer only requests that
+carry it in the header --admin-header (gRPC: metadata `triton-grpc-protocol-<header>`; docs/triton-admin.md).
 """
 
 from __future__ import annotations
@@ -37,9 +34,8 @@ def parse_args(argv: list[str] | None) -> EmbeddedTritonConfig:
     p.add_argument("--quiet", action="store_true", help="keep Triton's own log in the log file only")
     key = p.add_mutually_exclusive_group()
     key.add_argument("--admin-key", default=os.environ.get("TRITON_ADMIN_KEY", ""),
-                     help="restrict the model-repository, shared-memory, trace and logging APIs to requests with "
-                          "this key (default: $TRITON_ADMIN_KEY; none: unrestricted). tritonserver gets it on its "
-                          "command line, which every user of the host reads: for tests")
+                     help="restrict the admin APIs to requests with this key (default: $TRITON_ADMIN_KEY; none: "
+                          "unrestricted); on tritonserver's command line, which every user reads: for tests")
     key.add_argument("--admin-key-file", type=Path, help="the same key, read from a file (a secret)")
     p.add_argument("--admin-header", default="triton-admin-key", help="the header that carries the key")
     p.add_argument("tritonserver_args", nargs="*", metavar="-- TRITONSERVER_OPTION",

@@ -24,14 +24,11 @@ class ServedApp:
 
     def wait(self, path: str, timeout_s: float = 120, status: int = 200) -> ServedApp:
         """Until `path` answers `status` (a worker may still be importing torch); fails with the log."""
-        from devstack.waiting import WaitTimeout, wait_for_http
-
-        def exited() -> str | None:
-            return None if self.process.poll() is None else f"{self.name} exited ({self.process.returncode})"
+        from devstack.waiting import WaitTimeout, exited, wait_for_http
 
         try:
             wait_for_http(self.url + path, timeout_s, status=status, what=f"{self.name}: {path} to answer {status}",
-                          give_up=exited)
+                          give_up=exited(self.process, self.name))
         except WaitTimeout as e:
             log = self.log()
             self.stop()
@@ -42,9 +39,7 @@ class ServedApp:
         return self.log_path.read_text(errors="replace")[-6000:]
 
     def stop(self, *, graceful: bool = True) -> None:
-        """SIGTERM: gunicorn lets in-flight requests and kept-alive connections finish (seconds). Otherwise
-        SIGQUIT, its quick shutdown, for callers that are done with it: the workers exit at once and the
-        master still reaps them (its child_exit hook runs: the shim's shared memory goes too)."""
+        """SIGTERM: in-flight requests finish (seconds); else SIGQUIT, quick (the master still reaps the workers)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM if graceful else signal.SIGQUIT)
             try:
@@ -55,17 +50,14 @@ class ServedApp:
         self._log.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
 def start_shim(log_dir: Path, env: dict[str, str], port: int | None = None) -> ServedApp:
-    """The shim under gunicorn with app/gunicorn_conf.py, as `make run` starts it; `env` holds SHIM_* settings.
-
-    Nothing of the caller's SHIM_* environment leaks in: the run is defined by `env` alone.
-    """
+    """The shim under gunicorn as `make run` starts it, with the SHIM_* settings of `env` alone."""
     port = port or free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SHIM_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     full = {**clean, "SHIM_PORT": str(port), **env}
@@ -75,8 +67,7 @@ def start_shim(log_dir: Path, env: dict[str, str], port: int | None = None) -> S
 
 def start_legacy_app(log_dir: Path, *, model_pt: Path, labels: Path, threads: int = 4,
                      port: int | None = None, env: dict[str, str] | None = None) -> ServedApp:
-    """examples/legacy_app.py as a team ran it before the migration: one gunicorn process. `env`: its LEGACY_*
-    settings for another team's model (LEGACY_TRANSFORM, LEGACY_MODEL_NAME, LEGACY_TOP_K, LEGACY_SCORES)."""
+    """examples/legacy_app.py as a team ran it before the migration: one gunicorn process; `env`: LEGACY_*."""
     port = port or free_port()
     env = {**os.environ, "LEGACY_MODEL_PATH": str(model_pt), "LEGACY_LABELS_PATH": str(labels), **(env or {})}
     cmd = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "1",

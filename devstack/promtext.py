@@ -1,8 +1,5 @@
-"""Read Prometheus' text exposition format: one parser for the tools, the benchmark and the tests.
-
-Reads sample lines as they are written (`name{label="value",...} value [timestamp]`), with no renaming:
-a Triton counter without a `_total` suffix keeps its name. Comments and blank lines are skipped.
-"""
+"""Prometheus' text exposition format, one parser for the tools, the benchmark and the tests: sample lines as
+written (a Triton counter without `_total` keeps its name); comments and blank lines skipped."""
 
 from __future__ import annotations
 

@@ -2,19 +2,16 @@
 
     python devstack/proxy.py --upstream 127.0.0.1:5000 [--port 8080]    # until Ctrl-C
 
-The configuration is deploy/nginx/nginx.conf.template, rendered here exactly as the images' entrypoint renders
-it (deploy/nginx/trusted-proxies.envsh sourced, then envsubst replacing only the PROXY_* variables the template
-names), and started with the command line the deployments use, in a folder of its own (its prefix: pid file,
-temporary files, the rendered file, the admission socket): never the system's nginx service. Its limits
-follow the shim's settings (SHIM_MAX_UPLOAD_MB, SHIM_MAX_PENDING, SHIM_PROXY_LOG_ADDRESS);
-PROXY_MAX_BODY_MB, PROXY_MAX_INFLIGHT and PROXY_TRUSTED_ADDRESSES in the environment override them, and a
-pair that disagrees with the shim's is refused (check_limits). The binary is `make nginx`'s (Debian bookworm's
-package, unpacked into .cache/tools/nginx: no installation, no root) or else an `nginx` on PATH.
+deploy/nginx/nginx.conf.template rendered as the images' entrypoint renders it, in a prefix folder of its own
+(never the system's nginx service). Its limits follow the shim's SHIM_* settings; PROXY_MAX_BODY_MB,
+PROXY_MAX_INFLIGHT and PROXY_TRUSTED_ADDRESSES override them, and a pair that disagrees is refused
+(docs/proxy.md). The binary is `make nginx`'s (.cache/tools/nginx) or an `nginx` on PATH.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -63,8 +60,8 @@ def template_variables(text: str) -> set[str]:
 
 
 def entrypoint(values: dict[str, str], script: Path = ENTRYPOINT_SCRIPT) -> dict[str, str]:
-    """What the image's entrypoint adds before envsubst: `values` with PROXY_REAL_IP_FROM, as the sourced
-    trusted-proxies.envsh exports it (which also removes a stale admission socket). ValueError: it refused."""
+    """`values` with PROXY_REAL_IP_FROM, as the image's sourced trusted-proxies.envsh exports it (it also removes
+    a stale admission socket). ValueError: it refused."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **values}
     result = subprocess.run(["sh", "-c", '. "$0" && printf %s "$PROXY_REAL_IP_FROM"', str(script)], env=env,
                             capture_output=True, text=True, timeout=30, check=False)
@@ -86,23 +83,16 @@ def render(values: dict[str, str], template: Path = TEMPLATE) -> str:
 
 
 def command(binary: Path, prefix: Path, *extra: str) -> list[str]:
-    """The command line every deployment uses (docker-compose.yml, deploy/k8s/shim.yaml), with this prefix.
-
-    One addition as root: nginx would run its workers as an unprivileged user (nginx's build default),
-    which cannot enter a test's private temporary folder (pytest makes them 0700), and every upload over
-    client_body_buffer_size would fail with 500. The images give that user its own folders instead.
-    """
+    """The deployments' command line, with this prefix. As root, `user root`: nginx's default worker user cannot
+    enter pytest's 0700 temporary folders, and every buffered upload would fail with 500."""
     settings = "daemon off;" + (" user root;" if os.geteuid() == 0 else "")
-    return [str(binary), "-e", "stderr", "-p", f"{prefix}/", "-c", str(prefix / "nginx.conf"), *extra,
-            "-g", settings]
+    return [str(binary), "-e", "stderr", "-p", f"{prefix}/", "-c", str(prefix / "nginx.conf"), *extra, "-g", settings]
 
 
 def values_for(upstream: str, port: int, settings: Settings | None = None, *, prefix: Path,
                trusted: str = "") -> dict[str, str]:
-    """The variables for a shim with these settings (its defaults when None) at `upstream`, nginx's prefix
-    being `prefix`: its limits, and where it receives nginx's access log (SHIM_PROXY_LOG_ADDRESS; when the
-    shim does not, a port of this host where nothing listens: nginx then drops every line). PROXY_REAL_IP_FROM
-    comes from entrypoint()."""
+    """The variables for a shim with these settings at `upstream`: its limits and where it receives nginx's
+    access log (without SHIM_PROXY_LOG_ADDRESS, a port where nothing listens: nginx drops every line)."""
     settings = settings or Settings()
     if settings.max_upload_mb != int(settings.max_upload_mb):
         raise ValueError(f"nginx takes a whole number of MiB; the shim's limit is {settings.max_upload_mb}")
@@ -117,22 +107,12 @@ def values_for(upstream: str, port: int, settings: Settings | None = None, *, pr
 
 
 def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port(socket.SOCK_DGRAM)
 
 
 def check_limits(values: dict[str, str], settings: Settings) -> None:
-    """The pairs of limits nginx and the shim must agree on (README "The proxy in front of gunicorn"); a
-    ValueError names every pair that does not hold.
-
-    * PROXY_MAX_BODY_MB = SHIM_MAX_UPLOAD_MB: nginx refuses what the shim would refuse, before reading it,
-      and nothing the shim would take;
-    * 1 <= PROXY_MAX_INFLIGHT <= SHIM_MAX_PENDING: nginx lets through no more /predict than ONE worker holds
-      (the kernel may hand one worker all of nginx's connections), so the shim itself never refuses;
-    * SHIM_PROXY_LOG_ADDRESS, when set, has the port of PROXY_LOG_ADDRESS, where nginx sends its access log
-      (the hosts may differ: the shim binds 0.0.0.0:5140 where nginx sends to shim:5140).
-    """
+    """The pairs of limits nginx and the shim must agree on (docs/proxy.md "What must hold between nginx and the
+    shim"); a ValueError names every pair that does not hold."""
     wrong = []
     body, inflight = values.get("PROXY_MAX_BODY_MB", ""), values.get("PROXY_MAX_INFLIGHT", "")
     if not body.isdigit() or int(body) != settings.max_upload_mb:
@@ -149,8 +129,7 @@ def check_limits(values: dict[str, str], settings: Settings) -> None:
 
 def check(values: dict[str, str], template: Path = TEMPLATE,
           binary: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`nginx -t` on the rendered template, in a scratch prefix (which holds the admission socket: nginx -t
-    binds unix sockets to check them)."""
+    """`nginx -t` on the rendered template, in a scratch prefix (nginx -t binds the admission socket)."""
     binary = binary or nginx_binary()
     if binary is None:
         raise FileNotFoundError(MISSING)
@@ -160,27 +139,23 @@ def check(values: dict[str, str], template: Path = TEMPLATE,
         if "PROXY_REAL_IP_FROM" not in values:
             values = entrypoint(values)
         (prefix / "nginx.conf").write_text(render(values, template))
-        return subprocess.run(command(binary, prefix, "-t"), capture_output=True, text=True, timeout=60,
-                              check=False)
+        return subprocess.run(command(binary, prefix, "-t"), capture_output=True, text=True, timeout=60, check=False)
 
 
 class Proxy:
     """nginx with deploy/nginx's configuration in a subprocess, in front of `upstream`."""
 
     def __init__(self, folder: Path, upstream: str, *, settings: Settings | None = None, port: int | None = None,
-                 binary: Path | None = None, trusted: str = "", overrides: dict[str, str] | None = None) -> None:
-        """`settings`: the shim's (its defaults when None), which the limits follow; `overrides`: PROXY_*
-        values that replace those, refused when they disagree with the shim's (check_limits)."""
-        binary = binary or nginx_binary()
+                 trusted: str = "", overrides: dict[str, str] | None = None) -> None:
+        binary = nginx_binary()
         if binary is None:
             raise FileNotFoundError(MISSING)
         settings = settings or Settings()
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.prefix = folder
-        self.prefix.mkdir(parents=True, exist_ok=True)
-        values = {**values_for(upstream, self.port, settings, prefix=self.prefix, trusted=trusted),
-                  **(overrides or {})}
+        folder.mkdir(parents=True, exist_ok=True)
+        values = {**values_for(upstream, self.port, settings, prefix=self.prefix, trusted=trusted), **(overrides or {})}
         check_limits(values, settings)
         self.values = entrypoint(values)
         (self.prefix / "nginx.conf").write_text(render(self.values))
@@ -193,13 +168,11 @@ class Proxy:
 
     def wait(self, timeout_s: float = 30) -> Proxy:
         """Until nginx's own liveness answers; fails with its error log."""
-        from devstack.waiting import WaitTimeout, wait_for_http
-
-        def exited() -> str | None:
-            return None if self.process.poll() is None else f"nginx exited ({self.process.returncode})"
+        from devstack.waiting import WaitTimeout, exited, wait_for_http
 
         try:
-            wait_for_http(self.url + LIVENESS, timeout_s, what=f"nginx on {self.url}", give_up=exited)
+            wait_for_http(self.url + LIVENESS, timeout_s, what=f"nginx on {self.url}",
+                          give_up=exited(self.process, "nginx"))
         except WaitTimeout as e:
             self.stop()
             raise RuntimeError(f"{e}:\n{self.error_log()}") from None
@@ -215,25 +188,16 @@ class Proxy:
 
     def stop(self) -> None:
         """Graceful (SIGQUIT: open requests finish), then SIGTERM, then the process group killed."""
-        if self.process.poll() is None:
-            for sig, wait_s in ((signal.SIGQUIT, 10), (signal.SIGTERM, 5)):
+        for sig, wait_s in ((signal.SIGQUIT, 10), (signal.SIGTERM, 5)):
+            if self.process.poll() is None:
                 self.process.send_signal(sig)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.process.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            else:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
         self._stdout.close()
         self._stderr.close()
-
-    def __enter__(self) -> Proxy:
-        return self.wait()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main() -> int:
@@ -244,8 +208,6 @@ def main() -> int:
     args = p.parse_args()
     folder = args.dir or Path(tempfile.mkdtemp(prefix="shim-proxy-"))
     try:
-        # The limits follow the shim's settings, read from the same SHIM_* variables gunicorn reads; PROXY_*
-        # variables set here replace them, as in the deployments, and must agree with them.
         given = {name: os.environ[name] for name in ("PROXY_MAX_BODY_MB", "PROXY_MAX_INFLIGHT") if name in os.environ}
         proxy = Proxy(folder, args.upstream, settings=Settings.from_env(), port=args.port, overrides=given,
                       trusted=os.environ.get("PROXY_TRUSTED_ADDRESSES", "")).wait()

@@ -2,12 +2,9 @@
 
     python devstack/run.py [--port 5000] [--triton-http-port 8000] [--mode triton|legacy|shadow|canary]
 
-Triton's own log goes to a file (its path is printed); the shim logs JSON lines to this terminal.
-If either process dies, the other is stopped too, and the exit status says so.
-
-Triton listens on loopback with no admin key: tritonserver takes keys on its command line only, which
-every user of this host reads (`ps`), so a key would guard nothing from them. Its trace and logging APIs are
-closed (devstack.server.CLOSED_HEADER); load/unload (the hot reload) and shared memory stay open on loopback.
+Triton's log goes to a file (its path is printed), the shim's JSON lines to this terminal; if either dies, both
+stop. Triton has no admin key (tritonserver takes keys on its command line, which `ps` shows every user): its
+trace and logging APIs are closed, load/unload and shared memory open on loopback.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devstack import EmbeddedTriton, EmbeddedTritonConfig, EmbeddedTritonError  # noqa: E402
-from devstack.waiting import WaitTimeout, wait_for_http  # noqa: E402
+from devstack.waiting import WaitTimeout, exited, wait_for_http  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -40,17 +37,6 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def wait_for(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    def exited() -> str | None:
-        return None if process.poll() is None else "the shim exited"
-
-    try:
-        wait_for_http(url, timeout_s, give_up=exited)
-    except WaitTimeout:
-        return False
-    return True
-
-
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="run_local: %(message)s")
     args = parse_args()
@@ -58,17 +44,12 @@ def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
 
-    try:
-        config = EmbeddedTritonConfig(model_repository=args.model_repository, http_port=args.triton_http_port,
-                                      grpc_port=args.triton_grpc_port, metrics_port=args.triton_metrics_port,
-                                      closed_apis=("trace", "logging"))
-    except (OSError, EmbeddedTritonError) as e:
-        print(f"run_local: {e}", file=sys.stderr)
-        return 2
     print("run_local: starting Triton (the first start takes a while: it loads every model)...", flush=True)
     try:
-        triton = EmbeddedTriton(config).start()
-    except EmbeddedTritonError as e:
+        triton = EmbeddedTriton(EmbeddedTritonConfig(
+            model_repository=args.model_repository, http_port=args.triton_http_port, grpc_port=args.triton_grpc_port,
+            metrics_port=args.triton_metrics_port, closed_apis=("trace", "logging"))).start()
+    except (OSError, EmbeddedTritonError) as e:
         print(f"run_local: {e}", file=sys.stderr)
         return 2
     print(f"run_local: Triton ready at {triton.http_url} (metrics {triton.metrics_url}, log {triton.log_path})",
@@ -86,7 +67,12 @@ def main() -> int:
     shim = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"], cwd=ROOT, env=env)
     status = 0
     try:
-        if wait_for(f"http://127.0.0.1:{args.port}/readyz", shim, 120):
+        try:
+            wait_for_http(f"http://127.0.0.1:{args.port}/readyz", 120, give_up=exited(shim, "the shim"))
+        except WaitTimeout:
+            if shim.poll() is None:
+                print(f"run_local: the shim is up but not ready; see http://localhost:{args.port}/readyz", flush=True)
+        else:
             print(f"""
 run_local: the shim is ready on http://localhost:{args.port}  (Ctrl-C stops the shim and Triton)
   curl -F image=@your.jpg http://localhost:{args.port}/predict
@@ -97,15 +83,11 @@ run_local: the shim is ready on http://localhost:{args.port}  (Ctrl-C stops the 
 run_local: hot reload after a model's files change:
   curl -X POST http://{triton.http_url}/v2/repository/models/resnet50/load
 """, flush=True)
-        elif shim.poll() is None:
-            print(f"run_local: the shim is up but not ready; see http://localhost:{args.port}/readyz", flush=True)
         while not stop.wait(0.5):
-            if shim.poll() is not None:
-                print(f"run_local: the shim exited with status {shim.returncode}", file=sys.stderr)
-                status = 1
-                break
-            if not triton.running:
-                print(f"run_local: Triton exited unexpectedly; see {triton.log_path}", file=sys.stderr)
+            died = (f"the shim exited with status {shim.returncode}" if shim.poll() is not None
+                    else None if triton.running else f"Triton exited unexpectedly; see {triton.log_path}")
+            if died:
+                print(f"run_local: {died}", file=sys.stderr)
                 status = 1
                 break
     finally:

@@ -25,22 +25,15 @@ from devstack.waiting import WaitTimeout, wait_for_http
 from devstack.wheel import TritonWheel, find_wheel, server_environment
 
 log = logging.getLogger("embedded_triton")
-# The APIs an admin key restricts: load/unload, shared memory, tracing and logging settings. Inference,
-# health, metadata, model configs and statistics stay open (the shim and Prometheus need no key for them).
+# What an admin key restricts; inference, health, metadata and statistics stay open.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
-# A header no HTTP request can carry (a ':' ends a header's name): APIs restricted to it are closed to
-# everyone, and no key exists to leak from tritonserver's command line.
+# A header no HTTP request can carry (docs/triton-admin.md): APIs restricted to it are closed to everyone.
 CLOSED_HEADER = "closed:api"
 _ADMIN_KEY = re.compile(r"^[A-Za-z0-9._~+/-]{16,}$")  # Triton's flag syntax leaves no room for , : = or spaces
 # Error lines that a Triton without GPU always prints; they hide the real cause of a failed start.
 HARMLESS = ("CudaDriverHelper", "CUDA driver", "NVML", "DCGM", "unable to create stream",
             # nvImageCodec (resnet50_decode) names the GPU codecs it cannot load; its CPU decoder still works
             "nvjpeg", "nvJPEG", "nvtiff", "nvTIFF")
-
-
-def default_cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "flask-triton-shim" / "embedded-triton"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +51,7 @@ class EmbeddedTritonConfig:
     exit_timeout_s: int = 3
     log_verbose: int = 0
     echo_log: bool = False  # also write Triton's log to stderr (the CLI does)
-    # Set: RESTRICTED_APIS answer only requests with it. tritonserver takes it on its command line, which
-    # every user of the host reads: for tests of a restricted Triton only; make run closes APIs instead.
+    # RESTRICTED_APIS answer only requests with it; on tritonserver's command line: for tests only.
     admin_key: str = field(default="", repr=False)
     closed_apis: tuple[str, ...] = ()  # answered 403 to every request (CLOSED_HEADER); not with admin_key
     admin_header: str = "triton-admin-key"
@@ -93,7 +85,8 @@ class EmbeddedTritonConfig:
         if self.cache_dir is not None:
             return self.cache_dir
         key = hashlib.sha1(str(self.model_repository.resolve()).encode()).hexdigest()[:10]
-        return default_cache_root() / f"{self.model_repository.name}-{key}-{self.http_port}"
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flask-triton-shim"
+        return root / "embedded-triton" / f"{self.model_repository.name}-{key}-{self.http_port}"
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -159,16 +152,12 @@ class EmbeddedTriton:
             f"--model-control-mode={c.model_control_mode}",
             f"--log-verbose={c.log_verbose}",
         ]
-        if c.model_control_mode == "explicit":
-            cmd.append("--load-model=*")  # load everything at start; load/unload later through the API
-        if c.model_control_mode == "poll":
-            cmd.append("--repository-poll-secs=2")
-        if c.admin_key:  # Triton's own syntax: <api>,<api>:<header>=<value>, for HTTP and gRPC alike
-            restricted = f"{','.join(RESTRICTED_APIS)}:{c.admin_header}={c.admin_key}"
-            cmd += [f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}"]
-        if c.closed_apis:
-            closed = f"{','.join(c.closed_apis)}:{CLOSED_HEADER}=closed"
-            cmd += [f"--http-restricted-api={closed}", f"--grpc-restricted-protocol={closed}"]
+        # explicit: load everything at start, load/unload later through the API
+        cmd += {"explicit": ["--load-model=*"], "poll": ["--repository-poll-secs=2"]}.get(c.model_control_mode, [])
+        if c.admin_key or c.closed_apis:  # Triton's syntax: <api>,<api>:<header>=<value>, for HTTP and gRPC alike
+            rule = (f"{','.join(RESTRICTED_APIS)}:{c.admin_header}={c.admin_key}" if c.admin_key
+                    else f"{','.join(c.closed_apis)}:{CLOSED_HEADER}=closed")
+            cmd += [f"--http-restricted-api={rule}", f"--grpc-restricted-protocol={rule}"]
         return [*cmd, *c.extra_args]
 
     def start(self) -> Self:
@@ -199,38 +188,27 @@ class EmbeddedTriton:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        def exited() -> str | None:
-            return None if self.running else "tritonserver exited"
-
         try:
             wait_for_http(f"http://{self.http_url}/v2/health/ready", timeout_s, what="tritonserver to be ready",
-                          give_up=exited)
+                          give_up=lambda: None if self.running else "tritonserver exited")
         except WaitTimeout as e:
-            if not self.running:
-                raise EmbeddedTritonError(f"tritonserver exited during start-up ({self._errors()}); "
-                                          f"full log: {self.log_path}") from e
-            raise EmbeddedTritonError(f"tritonserver was not ready within {timeout_s:.0f} s ({self._errors()}); "
-                                      f"full log: {self.log_path}") from e
+            what = f"was not ready within {timeout_s:.0f} s" if self.running else "exited during start-up"
+            raise EmbeddedTritonError(f"tritonserver {what} ({self._errors()}); full log: {self.log_path}") from e
 
     def stop(self, *, graceful: bool = True) -> None:
-        """Stop the server: drained and unloaded (a few seconds), or killed at once with its stubs (tests
-        that only need it gone). Either way its /dev/shm files go too."""
+        """Drained and unloaded (a few seconds), or killed at once with its stubs; its /dev/shm files go too."""
         self._stop.set()
         process, self._process = self._process, None
-        if process is not None and process.poll() is None and not graceful:
-            os.killpg(process.pid, signal.SIGKILL)  # the server and its stubs, at once
-            process.wait()
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)  # Triton drains, then waits exit_timeout for clients
-            try:
-                process.wait(timeout=self.config.exit_timeout_s + 15)
-            except subprocess.TimeoutExpired:
-                log.warning("tritonserver did not stop in time; killing its process group")
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
         if process is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):  # stubs of a killed server
+            if graceful and process.poll() is None:
+                process.send_signal(signal.SIGTERM)  # Triton drains, then waits exit_timeout for clients
+                try:
+                    process.wait(timeout=self.config.exit_timeout_s + 15)
+                except subprocess.TimeoutExpired:
+                    log.warning("tritonserver did not stop in time; killing its process group")
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # the server if still up, and its stubs
                 os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         for thread in self._threads:
             thread.join(timeout=5)
         if process is not None and process.stdout is not None:

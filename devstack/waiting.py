@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -9,19 +10,14 @@ from collections.abc import Callable
 
 
 class WaitTimeout(TimeoutError):
-    """The condition did not hold before the deadline; the message says what was awaited."""
+    """The message says what was awaited."""
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, *, interval_s: float = 0.2,
                give_up: Callable[[], str | None] | None = None) -> None:
-    """Poll `predicate` until it is true; raise WaitTimeout after `timeout_s`.
-
-    `give_up` is asked between polls: a message from it ends the wait at once (a process that died).
-    """
+    """Poll `predicate`; WaitTimeout after `timeout_s`, or at once when `give_up` gives a reason (a death)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        if predicate():
-            return
+    while not predicate():
         reason = give_up() if give_up is not None else None
         if reason:
             raise WaitTimeout(f"stopped waiting for {what}: {reason}")
@@ -43,6 +39,10 @@ def http_status(url: str, timeout_s: float = 2.0) -> int | None:
 
 def wait_for_http(url: str, timeout_s: float, *, status: int = 200, what: str | None = None,
                   give_up: Callable[[], str | None] | None = None) -> None:
-    """Poll `url` until it answers `status`."""
     wait_until(lambda: http_status(url) == status, timeout_s, what or f"{url} to answer {status}",
                interval_s=0.25, give_up=give_up)
+
+
+def exited(process: subprocess.Popen[bytes], name: str) -> Callable[[], str | None]:
+    """A give_up for a subprocess: its exit ends the wait."""
+    return lambda: None if process.poll() is None else f"{name} exited ({process.returncode})"

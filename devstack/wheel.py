@@ -42,16 +42,12 @@ class TritonWheel:
     @property
     def stub(self) -> Path:
         """The python-backend stub built for `python`: it embeds that interpreter (links its libpython)."""
-        return self.stub_for(self.python)
-
-    def stub_for(self, version: Version) -> Path:
-        return self.root / "python_backend_stubs" / f"{version[0]}.{version[1]}" / "triton_python_backend_stub"
+        return self.root / "python_backend_stubs" / f"{self.python[0]}.{self.python[1]}" / "triton_python_backend_stub"
 
     def stub_pythons(self) -> list[Version]:
         """The Python versions the wheel has a stub for (0.7.0: 3.8 to 3.13)."""
-        found = [tuple(int(x) for x in d.name.split(".")) for d in (self.root / "python_backend_stubs").glob("3.*")
-                 if d.name.replace(".", "").isdigit() and (d / "triton_python_backend_stub").is_file()]
-        return sorted((v[0], v[1]) for v in found)
+        return sorted((3, int(d.name[2:])) for d in (self.root / "python_backend_stubs").glob("3.*")
+                      if d.name[2:].isdigit() and (d / "triton_python_backend_stub").is_file())
 
     def check(self) -> None:
         for path, what in [(self.binary, "the tritonserver binary"),
@@ -71,11 +67,8 @@ class TritonWheel:
                                       f"from the nvidia-pytriton wheel ({self.stub}); reinstall it: {INSTALL_HINT}")
 
     def backend_directory(self, into: Path) -> Path:
-        """Lay out `<into>/python/` with the backend, its utils and the stub side by side.
-
-        The python backend looks for its stub only next to libtriton_python.so, and the wheel keeps the
-        stubs elsewhere (one per Python version), so the server gets a backend folder of links.
-        """
+        """`<into>/python/`: links to the backend, its utils and the stub side by side (the backend looks for its
+        stub only next to libtriton_python.so; the wheel keeps one per Python version elsewhere)."""
         python_dir = into / "python"
         python_dir.mkdir(parents=True, exist_ok=True)
         for source in [self.python_backend / "libtriton_python.so",
@@ -99,12 +92,8 @@ def find_wheel() -> TritonWheel:
 
 
 def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for tritonserver so that python-backend stubs run this interpreter's packages.
-
-    The stub embeds Python and finds site-packages through the first `python3` on PATH (it reads that
-    interpreter's pyvenv.cfg); PYTHONPATH alone is not enough. Its libpython must be this interpreter's
-    (LIBDIR), not the system's, or the stub mixes two Python builds.
-    """
+    """Environment for tritonserver so that python-backend stubs run this interpreter's packages: the stub finds
+    site-packages through the first `python3` on PATH (its pyvenv.cfg), and must load this libpython (LIBDIR)."""
     env = dict(os.environ if base is None else base)
     bin_dir = str(Path(sys.executable).parent)
     if shutil.which("python3", path=bin_dir) is None:

@@ -1,13 +1,10 @@
-"""shim-report IMAGES [--triton-url HOST:PORT --legacy-model PT --labels TXT] [--out DIR]
-
-Replays every file under IMAGES through the legacy path and the Triton path, writes report.md,
-report.html and results.csv into --out, prints the path of report.md, and exits 0 for GO, 1 for NO-GO,
-2 when it could not give a verdict (a usage error: see report/__init__.py).
-"""
+"""shim-report IMAGES: writes report.md, report.html and results.csv into --out and prints report.md's path;
+exit 0 GO, 1 NO-GO, 2 no verdict (report/__init__.py)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -22,7 +19,7 @@ from app.settings import TRANSPORTS, Settings
 from report import EXIT_GO, EXIT_NO_GO, EXIT_USAGE
 from report.compare import Outcome, summarize
 from report.render import Report, write
-from report.replay import InProcess, Source, Unusable, find_files, first_image, replay, warm_up
+from report.replay import InProcess, Unusable, find_files, first_image, replay
 from report.verdict import Thresholds, judge, percent
 
 PROG = "python -m report"
@@ -47,11 +44,10 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog=PROG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Before a step of the ramp: replay a folder of images through the legacy path and the Triton "
-                    "path, compare the answers, and judge them: GO (exit 0) or NO-GO (exit 1); 2 when no verdict "
-                    "could be given (bad arguments, no image, an endpoint that does not answer).",
-        epilog="in-process defaults come from the shim's own SHIM_* settings (SHIM_TRITON_URL, SHIM_TRANSPORT, "
-               "SHIM_MODEL_NAME, SHIM_MODEL_REPOSITORY, SHIM_MODEL_VERSION) and the model's model.toml (labels, "
-               "legacy model, top_k), so that the command runs as-is inside the shim's image.")
+                    "path and judge the answers: GO (exit 0), NO-GO (1), no verdict (2: bad arguments, no image, "
+                    "an endpoint that does not answer).",
+        epilog="defaults come from the shim's SHIM_* settings and the model's model.toml, so that the command runs "
+               "as-is inside the shim's image (docs/migration-report.md).")
     p.add_argument("images", type=Path, help="a folder of images (searched recursively; a capture works as is)")
     p.add_argument("--out", type=Path, help="where report.md, report.html and results.csv go "
                                             "(default: report-<UTC time> in the current folder)")
@@ -113,7 +109,7 @@ class Progress:
             self.stream.write("\n")
 
 
-def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> Source:
+def make_source(args: argparse.Namespace, p: argparse.ArgumentParser) -> InProcess:
     overrides = {"triton_url": args.triton_url, "transport": args.transport, "model_name": args.model,
                  "model_version": args.model_version, "triton_timeout_s": args.timeout,
                  "model_repository": args.model_repository}
@@ -138,32 +134,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="migration report: %(levelname)s %(name)s: %(message)s")
     try:
-        thresholds = Thresholds(min_top1_agreement=args.min_top1_agreement, min_topk_overlap=args.min_topk_overlap,
-                                max_score_diff=args.max_score_diff, max_p99_ratio=args.max_p99_ratio,
-                                max_errors=args.max_errors)
+        thresholds = Thresholds(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Thresholds)})
     except ValueError as e:
         p.error(str(e))
-    if args.concurrency < 1:
-        p.error("--concurrency must be at least 1")
-    if args.warm_up < 1:
-        p.error("--warm-up must be at least 1: the warm-up checks that both paths answer")
-    if args.timeout is not None and args.timeout <= 0:
-        p.error("--timeout must be > 0")
-    if not args.images.is_dir():
-        p.error(f"{args.images} is not a folder")
+    for bad, message in [(args.concurrency < 1, "--concurrency must be at least 1"),
+                         (args.warm_up < 1, "--warm-up must be at least 1: the warm-up checks that both paths answer"),
+                         (args.timeout is not None and args.timeout <= 0, "--timeout must be > 0"),
+                         (not args.images.is_dir(), f"{args.images} is not a folder")]:
+        if bad:
+            p.error(message)
     files = find_files(args.images)
     if not files:
         p.error(f"{args.images} holds no file")
     started = datetime.now(UTC)
     out = args.out or Path(f"report-{started:%Y%m%d-%H%M%S}")
-    source: Source | None = None
+    source: InProcess | None = None
     try:
         source = make_source(args, p)
         first = first_image(files, source.spec)
         if first is None:
-            return _usage(f"none of the {len(files)} files under {args.images} is an image the shim reads")
+            raise Unusable(f"none of the {len(files)} files under {args.images} is an image the shim reads")
         source.check()
-        warm_up(source, first, calls=args.warm_up)
+        source.warm_up(first, calls=args.warm_up)
         clock = time.monotonic()
         progress = Progress(len(files), sys.stderr)
         try:
@@ -172,14 +164,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress.close()
         seconds = time.monotonic() - clock
         summary = summarize(outcomes)
-        k = source.k
-        verdict = judge(summary, thresholds, k=k)
+        verdict = judge(summary, thresholds, k=source.k)
         report = Report(started=started, seconds=seconds, folder=args.images, header=source.describe(),
-                        thresholds=thresholds, k=k, concurrency=args.concurrency, warm_up=args.warm_up,
+                        thresholds=thresholds, k=source.k, concurrency=args.concurrency, warm_up=args.warm_up,
                         outcomes=outcomes, summary=summary, verdict=verdict)
         paths = write(report, out)
     except Unusable as e:
-        return _usage(str(e))
+        print(f"migration report: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("migration report: interrupted; no report written", file=sys.stderr)
         return 130
@@ -193,11 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           file=sys.stderr)
     print(paths["markdown"])
     return EXIT_GO if verdict.go else EXIT_NO_GO
-
-
-def _usage(message: str) -> int:
-    print(f"migration report: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -1,17 +1,9 @@
-"""Per image: does Triton's answer agree with legacy's? For the run: agreement, score differences, latency.
-
-Two kinds of answers, two comparisons with the same three numbers:
-    logits (in-process)   app.shadow.compare, as shadow mode judges live traffic: top-1, the share of
-                          legacy's top-k that Triton's top-k holds, the largest difference of any class's
-                          probability
-    top-k                  what the contract answers: top-1, the same overlap, and the largest difference
-                          among the scores both lists hold; a class only one list holds counts with the
-                          least its difference can be (its score minus the other list's lowest score)
-"""
+"""Per image: does Triton's answer agree with legacy's (app.shadow.compare on full logits, as shadow mode
+judges live traffic)? For the run: agreement, score differences, latency."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,9 +54,6 @@ class Outcome:
     triton: Answer | None = None
     agreement: Agreement | None = None
 
-    def answer(self, backend: str) -> Answer | None:
-        return self.legacy if backend == LEGACY else self.triton
-
 
 def from_logits(legacy: npt.NDArray[np.float32], triton: npt.NDArray[np.float32], k: int,
                 scores: Scores = softmax) -> Agreement:
@@ -72,21 +61,8 @@ def from_logits(legacy: npt.NDArray[np.float32], triton: npt.NDArray[np.float32]
     return Agreement(result.same_top1, result.topk_overlap, result.max_abs_diff)
 
 
-def from_top_k(legacy: Sequence[Prediction], triton: Sequence[Prediction]) -> Agreement:
-    if not legacy or not triton:
-        raise ValueError("an answer without predictions cannot be compared")
-    mine = {p.class_id: p.score for p in legacy}
-    theirs = {p.class_id: p.score for p in triton}
-    overlap = len(mine.keys() & theirs.keys()) / len(mine)
-    diffs = [abs(score - theirs[c]) for c, score in mine.items() if c in theirs]
-    diffs += [max(0.0, score - min(theirs.values())) for c, score in mine.items() if c not in theirs]
-    diffs += [max(0.0, score - min(mine.values())) for c, score in theirs.items() if c not in mine]
-    return Agreement(legacy[0].class_id == triton[0].class_id, overlap, max(diffs))
-
-
 @dataclass(frozen=True)
 class Latency:
-    backend: str
     samples: tuple[float, ...]  # seconds, sorted
 
     def percentile(self, p: float) -> float | None:
@@ -146,13 +122,12 @@ def summarize(outcomes: Iterable[Outcome]) -> Summary:
         topk_overlap_mean=sum(a.topk_overlap for a in agreements) / len(agreements) if agreements else None,
         score_diffs=tuple(sorted(a.max_score_diff for a in agreements)),
         errors={b: sum(a.backend == b and not a.ok for a in answers) for b in BACKENDS},
-        latency={b: Latency(b, tuple(sorted(a.seconds for a in answers if a.backend == b and a.ok
+        latency={b: Latency(tuple(sorted(a.seconds for a in answers if a.backend == b and a.ok
                                             and a.seconds is not None))) for b in BACKENDS},
     )
 
 
 def worst(outcomes: Iterable[Outcome], n: int) -> list[Outcome]:
-    """The n compared images that disagree most, worst first (file name breaks ties); identical answers are
-    not disagreements."""
+    """The n compared images that disagree at all, worst first (file name breaks ties)."""
     compared = [o for o in outcomes if o.agreement is not None and o.agreement.score != (1, 1.0, 0.0)]
     return sorted(compared, key=lambda o: (o.agreement.score if o.agreement else (1, 1.0, 0.0), o.name))[:n]

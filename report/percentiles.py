@@ -1,14 +1,5 @@
-"""The one definition of every percentile the project prints or judges: p50, p90, p95, p99, "median".
-
-Nearest rank: the p-th percentile of n values is the ceil(p/100 * n)-th smallest of them, the smallest value
-with at least p% of the values at or below it. It is always a value that was measured (a latency a client
-really had), and "p99 <= X" says what an SLO says: at least 99% of the requests took X or less. Linear
-interpolation (numpy's default) reports values between two samples that no request had, and with few
-samples puts the p99 below the slowest calls it is meant to show.
-
-The migration report (report), the benchmark (bench/) and the hostile-clients suite (tests/hostile)
-all call this; Prometheus' histogram_quantile() in deploy/ is another thing, an estimate from buckets.
-"""
+"""The one definition of every percentile the project prints or judges (docs/testing.md): nearest rank, the
+ceil(p/100 * n)-th smallest value, always one that was measured; no interpolation between samples."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The report in three forms: Markdown (for a change request), one self-contained HTML page (the same text
-with inline SVG plots and thumbnails as data: URIs, no external resource), and results.csv (one row per file).
-
-Both documents are rendered from the same list of sections, so they never say different things.
-"""
+"""The report as Markdown, one self-contained HTML page (inline SVG, thumbnails as data: URIs) and results.csv;
+both documents render the same list of sections, so they never say different things."""
 
 from __future__ import annotations
 
@@ -32,7 +29,7 @@ class Report:
     started: datetime
     seconds: float
     folder: Path
-    header: list[tuple[str, str]]  # what the source says about itself (Source.describe())
+    header: list[tuple[str, str]]  # InProcess.describe()
     thresholds: Thresholds
     k: int
     concurrency: int
@@ -103,12 +100,12 @@ def sections(report: Report) -> list[Section]:
         "Largest score difference per image", s.score_diffs, low_exp=-8, high_exp=0, bins_per_decade=2,
         x_label="largest |probability difference| of an image (log scale; the first bin holds 0)",
         y_label="images", marker=(t.max_score_diff, f"threshold {t.max_score_diff:g}"))
+    share = f" ({percent(s.same_top1 / s.compared)})" if s.compared else ""
+    overlap = percent(s.topk_overlap_mean) if s.topk_overlap_mean is not None else "n/a"
     agreement = Section("Agreement", plots=[bars, histogram], paragraphs=[
-        f"Top-1 the same for {s.same_top1} of {s.compared} compared images"
-        + (f" ({percent(s.same_top1 / s.compared)})" if s.compared else "") + "; mean top-" + f"{k} overlap "
-        + (percent(s.topk_overlap_mean) if s.topk_overlap_mean is not None else "n/a") + "; largest score "
-        "difference per image: median " + _g(percentile(s.score_diffs, 50)) + ", p99 " + _g(s.score_diff_p99)
-        + ", largest " + _g(s.score_diff_max) + "."])
+        f"Top-1 the same for {s.same_top1} of {s.compared} compared images{share}; mean top-{k} overlap {overlap}; "
+        f"largest score difference per image: median {_g(percentile(s.score_diffs, 50))}, p99 {_g(s.score_diff_p99)}, "
+        f"largest {_g(s.score_diff_max)}."])
 
     latency = Section("Latency", headers=["backend", "answered", "errors", "p50 ms", "p90 ms", "p99 ms", "max ms",
                                           "mean ms"])
@@ -116,9 +113,9 @@ def sections(report: Report) -> list[Section]:
         lat = s.latency[backend]
         latency.rows.append([backend, str(len(lat.samples)), str(s.errors[backend]),
                              *(_ms(lat.percentile(p)) for p in (50, 90, 99, 100)), _ms(lat.mean)])
-    latency.after.append("Percentiles are nearest-rank (report/percentiles.py) over the successful calls" + (
-        f"; with {min(len(s.latency[b].samples) for b in BACKENDS)} calls, p99 is close to the largest one."
-        if min(len(s.latency[b].samples) for b in BACKENDS) < 100 else "."))
+    fewest = min(len(s.latency[b].samples) for b in BACKENDS)
+    latency.after.append("Percentiles are nearest-rank (report/percentiles.py) over the successful calls"
+                         + (f"; with {fewest} calls, p99 is close to the largest one." if fewest < 100 else "."))
     latency.plots.append(svg.cdf("Latency per call, cumulative", [
         svg.Series(b, COLORS[b], s.latency[b].samples) for b in BACKENDS],
         x_label="milliseconds", y_label="share of calls at or below", unit_scale=1000, unit=" ms"))
@@ -142,30 +139,24 @@ def sections(report: Report) -> list[Section]:
         disagreements.after.append(f"Top-1 differs for {len(differs)} images in all: results.csv lists each.")
 
     out = [what, checks, agreement, latency, disagreements]
-    errors = [(o.name, a) for o in report.outcomes for a in (o.legacy, o.triton) if a is not None and not a.ok]
-    if errors:
-        section = Section(f"Errors ({len(errors)})", headers=["file", "backend", "error"])
-        section.rows = [[name, a.backend, a.error or ""] for name, a in errors[:ROWS_LISTED]]
-        if len(errors) > ROWS_LISTED:
-            section.after.append(f"And {len(errors) - ROWS_LISTED} more: results.csv lists each.")
-        out.append(section)
-    skipped = [o for o in report.outcomes if o.skipped is not None]
-    if skipped:
-        section = Section(f"Skipped inputs ({len(skipped)})", headers=["file", "why"],
-                          paragraphs=["Files that are not images the shim reads: neither backend was asked."])
-        section.rows = [[o.name, o.skipped or ""] for o in skipped[:ROWS_LISTED]]
-        if len(skipped) > ROWS_LISTED:
-            section.after.append(f"And {len(skipped) - ROWS_LISTED} more: results.csv lists each.")
-        out.append(section)
+    errors = [[o.name, a.backend, a.error or ""] for o in report.outcomes for a in (o.legacy, o.triton)
+              if a is not None and not a.ok]
+    skipped = [[o.name, o.skipped] for o in report.outcomes if o.skipped is not None]
+    for title, rows, headers, paragraphs in [
+            ("Errors", errors, ["file", "backend", "error"], []),
+            ("Skipped inputs", skipped, ["file", "why"],
+             ["Files that are not images the shim reads: neither backend was asked."])]:
+        if rows:
+            more = [f"And {len(rows) - ROWS_LISTED} more: results.csv lists each."] if len(rows) > ROWS_LISTED else []
+            out.append(Section(f"{title} ({len(rows)})", paragraphs, headers, rows[:ROWS_LISTED], after=more))
     out.append(Section("How to read this", paragraphs=[
         f"**Top-1 agreement**: the share of compared images whose best class is the same. **Top-{k} overlap**: the "
         f"share of legacy's top-{k} classes that Triton's top-{k} also holds, averaged over images. **Score "
-        "difference**: per image, the largest difference of a class's probability between the two answers (every "
-        "class in-process; through a shim, the classes both top-k lists hold, and at least the gap to the other "
-        "list's lowest score for a class only one holds); the check uses the 99th percentile over images, so a "
-        "threshold tolerates the same rare outliers the top-1 threshold does. **p99 latency ratio**: Triton's 99th "
-        "percentile call time over legacy's, measured on the same machine in the same run. **Errors**: failed "
-        "calls of either backend, including a shim's fallback to legacy on a request for Triton."]))
+        "difference**: per image, the largest difference of any class's probability between the two answers; the "
+        "check uses the 99th percentile over images, so a threshold tolerates the same rare outliers the top-1 "
+        "threshold does. **p99 latency ratio**: Triton's 99th percentile call time over legacy's, measured on the "
+        "same machine in the same run. **Errors**: failed calls of either backend, including a shim's fallback to "
+        "legacy on a request for Triton."]))
     return out
 
 
@@ -183,8 +174,6 @@ def _verdict_line(verdict: Verdict) -> str:
     return f"{len(verdict.failed)} of {len(verdict.checks)} checks fail: {', '.join(verdict.failed)}"
 
 
-# -- Markdown ---------------------------------------------------------------------------------------------------
-
 def _md_cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
@@ -193,22 +182,17 @@ def markdown(report: Report) -> str:
     lines = ["# Migration report: legacy -> Triton", "",
              f"**Verdict: {report.verdict.label}**: {_verdict_line(report.verdict)}.", ""]
     for section in sections(report):
-        lines += [f"## {section.title}", ""]
-        for paragraph in section.paragraphs:
-            lines += [paragraph, ""]
+        lines += [f"## {section.title}", "", *[x for p in section.paragraphs for x in (p, "")]]
         if section.rows:
             lines.append("| " + " | ".join(_md_cell(h) for h in section.headers) + " |")
             lines.append("|" + "---|" * len(section.headers))
             lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in section.rows]
             lines.append("")
-        for paragraph in section.after:
-            lines += [paragraph, ""]
+        lines += [x for p in section.after for x in (p, "")]
         if section.plots:
             lines += ["(Plots: report.html.)", ""]
     return "\n".join(lines)
 
-
-# -- HTML ---------------------------------------------------------------------------------------------------------
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
@@ -240,13 +224,13 @@ def html(report: Report, thumbnail: Callable[[str], str | None] | None = None) -
         if section.plots:
             body.append('<div class="plots">' + "\n".join(section.plots) + "</div>")
         if section.rows:
-            with_thumbs = thumbnail is not None and bool(section.thumbnails)
-            heads = ([""] if with_thumbs else []) + section.headers
+            thumbs = section.thumbnails if thumbnail is not None else []
+            heads = ([""] if thumbs else []) + section.headers
             body.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in heads) + "</tr>")
             for i, row in enumerate(section.rows):
                 cells = []
-                if with_thumbs and thumbnail is not None:
-                    uri = thumbnail(section.thumbnails[i]) if i < len(section.thumbnails) else None
+                if thumbs and thumbnail is not None:
+                    uri = thumbnail(thumbs[i]) if i < len(thumbs) else None
                     cells.append(f'<img class="thumb" alt="" src="{uri}">' if uri else "")
                 for cell in row:
                     css = f' class="{cell.strip("*")}"' if cell.strip("*") in ("PASS", "FAIL") else ""
@@ -273,8 +257,6 @@ def thumbnail_from(folder: Path, size: int = 96) -> Callable[[str], str | None]:
     return make
 
 
-# -- CSV ----------------------------------------------------------------------------------------------------------
-
 CSV_COLUMNS = ["file", "status", "same_top1", "topk_overlap", "max_score_diff",
                "legacy_class_id", "legacy_label", "legacy_score", "triton_class_id", "triton_label", "triton_score",
                "legacy_ms", "triton_ms", "legacy_error", "triton_error", "skipped"]
@@ -289,14 +271,11 @@ def results_csv(outcomes: Sequence[Outcome]) -> str:
         status = "skipped" if o.skipped is not None else "compared" if a is not None else "error"
         row: list[object] = [o.name, status]
         row += ["", "", ""] if a is None else [int(a.same_top1), f"{a.topk_overlap:.4f}", f"{a.max_score_diff:.3e}"]
-        for answer in (o.legacy, o.triton):
-            best = answer.top[0] if answer is not None and answer.top else None
+        answers = (o.legacy, o.triton)
+        for best in [a.top[0] if a is not None and a.top else None for a in answers]:
             row += ["", "", ""] if best is None else [best.class_id, best.label, f"{best.score:.6f}"]
-        for answer in (o.legacy, o.triton):
-            seconds = answer.seconds if answer is not None and answer.ok else None
-            row.append("" if seconds is None else f"{seconds * 1000:.3f}")
-        for answer in (o.legacy, o.triton):
-            row.append("" if answer is None or answer.error is None else answer.error)
+        row += ["" if a is None or not a.ok or a.seconds is None else f"{a.seconds * 1000:.3f}" for a in answers]
+        row += ["" if a is None or a.error is None else a.error for a in answers]
         row.append(o.skipped or "")
         writer.writerow(row)
     return buffer.getvalue()

@@ -1,16 +1,6 @@
-"""Every image through the legacy path and the Triton path, one runner.
-
-    InProcess   the shim's own LegacyBackend and TritonBackend in this process, one image per call
-                (batch size 1: a latency is one image's, never a batch's share); full logits. With
-                --transport encoded, Triton gets each upload's bytes as the shim would forward them
-                (app/sniff.py), and decodes them itself
-
-Both decode every file with the shim's own rules first: a file that is not an image the shim reads is a
-skipped input, not a backend error. Each image asks the two backends one after the other, in alternating
-order (legacy first for even images, Triton first for odd ones), so that neither always finds the caches
-warm. A few warm-up calls per backend (--warm-up, 3), before the run and not counted, pay for connections,
-metadata and the first forward passes, and check that both paths answer at all: if one does not, the run
-stops with `Unusable` (exit 2) before any image is counted.
+"""Every image through the shim's own LegacyBackend and TritonBackend, in this process, one image per call
+(batch size 1: a latency is one image's, never a batch's share). Each image asks both backends in alternating
+order (legacy first for even images), so that neither always finds the caches warm.
 """
 
 from __future__ import annotations
@@ -21,15 +11,14 @@ import http.client
 import importlib
 import json
 import os
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -40,10 +29,10 @@ from app.errors import ShimError
 from app.images import Upload
 from app.preprocess import ImageSpec
 from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
-from app.scores import SCORE_FUNCTIONS, softmax
+from app.scores import SCORE_FUNCTIONS
 from app.service import top_k
 from app.settings import Settings, SettingsError
-from report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits, from_top_k
+from report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits
 
 
 class Unusable(Exception):
@@ -52,40 +41,9 @@ class Unusable(Exception):
 
 @dataclass(frozen=True)
 class Loaded:
-    """One input as both paths take it: the file's bytes (for a shim) and its prepared tensor (in-process)."""
-
     index: int
     name: str
-    data: bytes
     upload: Upload  # decoded once (its tensor made at load), what each backend prepares from
-
-
-@dataclass(frozen=True)
-class Reply:
-    answer: Answer
-    logits: npt.NDArray[np.float32] | None = None  # in-process only: the whole row of logits
-    refused: str | None = None  # a shim's refusal of the input itself (400 invalid_image, 413 ...)
-
-
-class Source(Protocol):
-    spec: ImageSpec
-
-    @property
-    def k(self) -> int:
-        """Classes compared per answer (a shim's: as many as its answers hold)."""
-
-    def describe(self) -> list[tuple[str, str]]:
-        """Rows of the report's header: what was compared, where."""
-
-    def check(self) -> None:
-        """Raise Unusable unless both paths can be asked (fast: before any image is read)."""
-
-    def warm_up(self, image: Loaded) -> None:
-        """One uncounted call per backend; raise Unusable when a path does not answer."""
-
-    def ask(self, backend: str, image: Loaded) -> Reply: ...
-
-    def close(self) -> None: ...
 
 
 def find_files(folder: Path) -> list[tuple[str, Path]]:
@@ -109,36 +67,26 @@ def load(index: int, name: str, path: Path, spec: ImageSpec) -> Loaded | str:
     try:
         upload = Upload(data, spec)
         upload.tensor()
-        return Loaded(index, name, data, upload)
+        return Loaded(index, name, upload)
     except ShimError as e:  # the contract's invalid_image, empty_image, too_large
         return f"{e.code}: {e.message}"
     except Exception as e:  # a file's edge: a Pillow decoder failing in a way decode() does not translate
         return f"the shim's decoder fails on it ({type(e).__name__}: {e}); the shim would answer 500"
 
 
-def replay(source: Source, files: list[tuple[str, Path]], *, concurrency: int = 1,
+def replay(source: InProcess, files: list[tuple[str, Path]], *, concurrency: int = 1,
            on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Each file through both backends; one Outcome per file, in the files' order."""
-    outcomes: list[Outcome | None] = [None] * len(files)
-    lock = threading.Lock()
-
-    def one(index: int) -> None:
-        name, path = files[index]
-        outcome = _replay_one(source, index, name, path)
-        with lock:
-            outcomes[index] = outcome
+    """Each file through both backends; one Outcome per file, in the files' order (on_outcome sees them so)."""
+    outcomes = []
+    pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="replay")
+    try:  # the first failure ends the run: the files not started yet are cancelled
+        for outcome in pool.map(lambda i: _replay_one(source, i, *files[i]), range(len(files))):
+            outcomes.append(outcome)
             if on_outcome is not None:
                 on_outcome(outcome)
-
-    pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="replay")
-    try:
-        futures: list[Future[None]] = [pool.submit(one, i) for i in range(len(files))]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for future in done:
-            future.result()  # the first failure (Unusable) ends the run
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    return [o for o in outcomes if o is not None]
+    return outcomes
 
 
 def first_image(files: list[tuple[str, Path]], spec: ImageSpec) -> Loaded | None:
@@ -150,37 +98,23 @@ def first_image(files: list[tuple[str, Path]], spec: ImageSpec) -> Loaded | None
     return None
 
 
-def warm_up(source: Source, image: Loaded, *, calls: int = 3) -> None:
-    """`calls` uncounted calls per backend (TorchScript's profiling executor optimises a graph over its first
-    runs); Unusable when a path does not answer."""
-    for _ in range(max(1, calls)):
-        source.warm_up(image)
-
-
-def _replay_one(source: Source, index: int, name: str, path: Path) -> Outcome:
+def _replay_one(source: InProcess, index: int, name: str, path: Path) -> Outcome:
     loaded = load(index, name, path, source.spec)
     if not isinstance(loaded, Loaded):
         return Outcome(name, skipped=loaded)
     order = BACKENDS if index % 2 == 0 else tuple(reversed(BACKENDS))
     replies = {backend: source.ask(backend, loaded) for backend in order}
-    legacy, triton = replies[LEGACY], replies[TRITON]
-    if legacy.refused and triton.refused:
-        return Outcome(name, skipped=f"the shim refuses it: {legacy.refused}")
-    agreement = None
-    if legacy.logits is not None and triton.logits is not None:
-        agreement = from_logits(legacy.logits, triton.logits, source.k, getattr(source, "scores", softmax))
-    elif legacy.answer.ok and triton.answer.ok:
-        agreement = from_top_k(legacy.answer.top, triton.answer.top)
-    return Outcome(name, legacy=legacy.answer, triton=triton.answer, agreement=agreement)
+    (legacy, legacy_logits), (triton, triton_logits) = replies[LEGACY], replies[TRITON]
+    agreement = (None if legacy_logits is None or triton_logits is None
+                 else from_logits(legacy_logits, triton_logits, source.k, source.scores))
+    return Outcome(name, legacy=legacy, triton=triton, agreement=agreement)
 
-
-# -- in-process ---------------------------------------------------------------------------------------------
 
 class InProcess:
     """The shim's own backends, built from its settings (SHIM_*), in this process."""
 
     def __init__(self, settings: Settings, *, k: int | None = None, legacy_model: Path | None = None,
-                 labels: Path | None = None, legacy_load_timeout_s: float = 300) -> None:
+                 labels: Path | None = None) -> None:
         from app.backends.legacy import LegacyBackend
         from app.wiring import triton_backend
 
@@ -192,13 +126,11 @@ class InProcess:
                 check_labels(self.served.description, read, labels)
                 self.served = dataclasses.replace(self.served, labels=read, labels_path=labels)
         except SettingsError as e:
-            raise Unusable(f"{e} (--model-repository, --model, --labels or their SHIM_* settings)") \
-                from None
+            raise Unusable(f"{e} (--model-repository, --model, --labels or their SHIM_* settings)") from None
         if legacy_model is not None:
             self.served = dataclasses.replace(self.served, legacy_model_path=legacy_model)
         description = self.served.description
-        self.spec = self.served.spec
-        self.labels = self.served.labels
+        self.spec, self.labels = self.served.spec, self.served.labels
         self.scores = SCORE_FUNCTIONS[description.scores]
         self.k = k if k is not None else self.served.top_k
         if not self.served.legacy_model_path.is_file():
@@ -208,7 +140,7 @@ class InProcess:
             raise Unusable(f"--top-k {self.k} is more than the {len(self.labels)} classes of {self.served.labels_path}")
         self.legacy = LegacyBackend(model_path=self.served.legacy_model_path, threads=0,
                                     max_batch_size=1, image_shape=self.spec.shape,
-                                    load_timeout_s=legacy_load_timeout_s, classes=description.classes)
+                                    load_timeout_s=300, classes=description.classes)
         self.triton = triton_backend(settings, self.served, max_batch_size=1)
         self._triton_info = ""
 
@@ -220,13 +152,16 @@ class InProcess:
                                         timeout_s=READINESS_DEADLINE_S + 2)
         self.legacy.start()  # torch loads in the background while the first image decodes
 
-    def warm_up(self, image: Loaded) -> None:
-        for backend in BACKENDS:
-            reply = self.ask(backend, image)
-            if not reply.answer.ok:
-                raise Unusable(f"the {backend} path does not answer: {reply.answer.error}")
+    def warm_up(self, image: Loaded, *, calls: int) -> None:
+        """Uncounted calls per backend (TorchScript optimises a graph over its first runs); Unusable if one fails."""
+        for _ in range(calls):
+            for backend in BACKENDS:
+                answer, _ = self.ask(backend, image)
+                if not answer.ok:
+                    raise Unusable(f"the {backend} path does not answer: {answer.error}")
 
-    def ask(self, backend: str, image: Loaded) -> Reply:
+    def ask(self, backend: str, image: Loaded) -> tuple[Answer, npt.NDArray[np.float32] | None]:
+        """The answer, and its whole row of logits when there is one."""
         chosen = self.legacy if backend == LEGACY else self.triton
         started = time.perf_counter()
         try:  # prepared as the shim prepares it: the encoded transport sends the upload as it came
@@ -236,9 +171,9 @@ class InProcess:
             if isinstance(row, ShimError):
                 raise row
         except ShimError as e:  # the backends raise nothing else
-            return Reply(Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"))
+            return Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"), None
         seconds = time.perf_counter() - started
-        return Reply(Answer(backend, seconds, tuple(top_k(row, self.labels, self.k, self.scores))), logits=row)
+        return Answer(backend, seconds, tuple(top_k(row, self.labels, self.k, self.scores))), row
 
     def describe(self) -> list[tuple[str, str]]:
         s = self.settings
@@ -271,29 +206,21 @@ def triton_info(host_port: str, model: str, *, timeout_s: float) -> str:
 
 
 def describe_model(path: Path) -> str:
-    """The model file, its size and hash, and what the export tool recorded inside it."""
+    """The model file, its size and hash, and its export info."""
     try:
-        digest = hashlib.sha256()
         with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+            digest = hashlib.file_digest(f, "sha256")
         text = f"{path} ({path.stat().st_size / 1e6:.1f} MB, sha256 {digest.hexdigest()[:16]})"
     except OSError as e:
         return f"{path} (cannot be read: {e.strerror or e})"
-    info = export_info(path)
-    if info:
-        text += "; export info: " + ", ".join(f"{k} {v}" for k, v in info.items())
-    return text
-
-
-def export_info(path: Path) -> dict[str, object] | None:
-    """What modelrepo/export.py stored in the file, when that tool is at hand (the repo, the shim's image)."""
-    try:
+    try:  # what modelrepo/export.py stored in the file, when that tool is at hand (the repo, the shim's image)
         tool: Any = importlib.import_module("modelrepo.export")
     except ImportError:
-        return None
+        return text
     info = tool.read_export_info(path)
-    return dict(info) if isinstance(info, dict) else None
+    if isinstance(info, dict) and info:
+        text += "; export info: " + ", ".join(f"{k} {v}" for k, v in info.items())
+    return text
 
 
 def _get_json(url: str, timeout_s: float) -> dict[str, Any]:

@@ -1,8 +1,4 @@
-"""Plots as inline SVG, drawn here: stacked bars, a histogram on a log axis, CDF lines. No plotting library.
-
-Each function returns one <svg> element (no XML declaration, no namespace URL: it lives inside an HTML5
-page, which needs neither), with a title, labelled axes and ticks, and a legend where there are series.
-"""
+"""Plots as inline SVG for an HTML5 page (no XML declaration, no namespace), drawn here: no plotting library."""
 
 from __future__ import annotations
 
@@ -73,8 +69,7 @@ def _y_axis(top: float, *, fraction: bool = False) -> tuple[list[str], float]:
     return parts, high
 
 
-def stacked_bars(title: str, categories: Sequence[str], series: Sequence[Series], *, x_label: str,
-                 y_label: str) -> str:
+def stacked_bars(title: str, categories: Sequence[str], series: Sequence[Series], *, x_label: str, y_label: str) -> str:
     """One bar per category, the series stacked in it (bottom first); the count written above each bar."""
     totals = [sum(s.values[i] for s in series) for i in range(len(categories))]
     body, high = _y_axis(max(totals, default=0) or 1)

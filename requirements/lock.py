@@ -1,19 +1,12 @@
 """`make lock`: every install the project makes, locked with hashes, from pyproject.toml alone.
 
-    python requirements/lock.py --uv .cache/tools/uv/bin/uv   # `make lock`: write requirements/*.txt, keeping the
-                                                       # pins that still fit (--upgrade: the newest there are)
-    python requirements/lock.py --check dev                   # `make install`: exit 1, saying what to do, when
-                                                       # pyproject.toml and requirements/ disagree or this
-                                                       # Python cannot run that environment (dev | prod)
-    python requirements/lock.py --find-python prod            # the Makefile's choice of interpreter for the env
+    python requirements/lock.py --uv .cache/tools/uv/bin/uv   # make lock (--upgrade: the newest pins there are)
+    python requirements/lock.py --check dev|prod             # make install: exit 1, saying what to do, when
+                                                             # pyproject.toml and requirements/ disagree
+    python requirements/lock.py --find-python dev|prod       # the Makefile's interpreter for that environment
 
-Each lock is `uv pip compile --generate-hashes` against PyPI alone: uv reads no pip configuration (no local
-index, no constraint file of this machine), so a lock made on a laptop and one made in CI are the same
-file. The versions are chained so that one package has one version everywhere: requirements/shim.txt (the
-production image) is made first; the dev environment takes the shim's direct dependencies at those versions
-(all but numpy: nvidia-pytriton needs numpy<2 there); the other locks are constrained to those two.
-requirements/inputs.json records what the locks were made from; `--check` compares it with pyproject.toml.
-Standard library only: it runs before any virtualenv exists.
+`uv pip compile --generate-hashes` against PyPI alone, so a laptop's lock and CI's are the same file; shim.txt
+first, the others constrained to it (docs/dependencies.md). Standard library only: it runs before any venv.
 """
 
 from __future__ import annotations
@@ -35,8 +28,7 @@ LOCK_DIR = ROOT / "requirements"
 INPUTS = LOCK_DIR / "inputs.json"
 PYPI = "https://pypi.org/simple"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-# The dev environment (make run, make test) runs the wheel's Triton: nvidia-pytriton 0.7.0 pins numpy<2,
-# and numpy 1.26 has no wheels for Python 3.13. The shim itself runs on every Python requires-python allows.
+# The dev environment's nvidia-pytriton 0.7.0 pins numpy<2, which has no wheels for Python 3.13.
 DEV_PYTHONS = ((3, 11), (3, 12))
 # torch's CUDA runtime: PyPI's torch wheels for Linux require these; the CPU builds (WITH_LEGACY=1) do not.
 CUDA_NAMES = re.compile(r"^(nvidia-.*|cuda-.*|triton)$")
@@ -85,8 +77,6 @@ TORCH_CPU = LOCK_DIR / "torch-cpu.txt"
 class LockError(Exception):
     """What went wrong and what to do; printed without a traceback."""
 
-
-# -- pyproject.toml ---------------------------------------------------------------------------------------
 
 def read_pyproject(path: Path = PYPROJECT) -> dict[str, object]:
     try:
@@ -147,8 +137,6 @@ def differences(old: object, new: object, where: str = "") -> list[str]:
     return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
 
 
-# -- lock files -------------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Pin:
     name: str
@@ -158,39 +146,26 @@ class Pin:
 
 def read_pins(path: Path) -> list[Pin]:
     """The pins of a requirements file uv wrote: requirement lines, and the `# via` annotations below each."""
-    pins: list[Pin] = []
-    current: tuple[str, str] | None = None
-    via: set[str] = set()
+    found: list[tuple[str, str, set[str]]] = []
     in_via = False
-
-    def flush() -> None:
-        if current:
-            pins.append(Pin(current[0], current[1], frozenset(via)))
-
     for raw in path.read_text().splitlines():
-        if raw and not raw[0].isspace() and not raw.startswith(("#", "-")):
-            flush()
-            line = raw.rstrip(" \\")
-            current, via, in_via = (requirement_name(line), line), set(), False
-            continue
         text = raw.strip()
-        if text.startswith("# via"):
-            in_via = True
-            text = text[len("# via"):].strip()
-        elif text.startswith("#   ") or (in_via and text.startswith("#") and not text.startswith("# ")):
-            text = text[1:].strip()
-        elif not text.startswith("#"):
-            in_via = False
+        if raw and not raw[0].isspace() and not raw.startswith(("#", "-")):
+            line = raw.rstrip(" \\")
+            found.append((requirement_name(line), line, set()))
+        if not (found and raw[:1].isspace() and text.startswith("#")):
+            in_via = False  # a pin, its hashes, a blank line or a comment of the file's own
             continue
+        if text.startswith("# via"):
+            in_via, text = True, text[len("# via"):]
+        text = text.lstrip("#").strip()
         if in_via and text and not text.startswith("-"):  # -r, -c: a requirements or constraints file
-            via.add("(project)" if "pyproject.toml" in text else requirement_name(text))
-    flush()
-    return pins
+            found[-1][2].add("(project)" if "pyproject.toml" in text else requirement_name(text))
+    return [Pin(name, line, frozenset(via)) for name, line, via in found]
 
 
 def cuda_only(pins: Iterable[Pin]) -> set[str]:
-    """Packages there only for torch's CUDA build: torch's nvidia-*/cuda-*/triton dependencies and whatever
-    only they need (a package that anything else needs too stays)."""
+    """torch's nvidia-*/cuda-*/triton dependencies, and whatever only they need."""
     pins = list(pins)
     cuda = {p.name for p in pins if "torch" in p.via and CUDA_NAMES.match(p.name)}
     grew = True
@@ -224,14 +199,18 @@ def header(lock_path: Path, installed_by: str, uv_version: str) -> str:
             f"# Made by `make lock` (requirements/lock.py, {uv_version}) from pyproject.toml: never edit it by hand.\n")
 
 
+def scratch(path: Path, lines: Iterable[str]) -> str:
+    """A file of `lines` for uv to read; its path."""
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return str(path)
+
+
 def write_if_changed(path: Path, text: str) -> bool:
     if path.is_file() and path.read_text() == text:
         return False
     path.write_text(text)
     return True
 
-
-# -- uv ---------------------------------------------------------------------------------------------------
 
 class Uv:
     def __init__(self, binary: str) -> None:
@@ -249,15 +228,11 @@ class Uv:
         return result
 
     def compile(self, sources: list[str], out: Path, *, python: str, universal: bool, platform: str | None,
-                generate_hashes: bool = True, extra: Iterable[str] = (), check: bool = True
-                ) -> subprocess.CompletedProcess[str]:
+                extra: Iterable[str] = (), check: bool = True) -> subprocess.CompletedProcess[str]:
         args = ["pip", "compile", *sources, "--output-file", str(out), "--no-header", "--no-config",
-                "--python", sys.executable, "--python-version", python, "--quiet", *extra]
-        if generate_hashes:
-            args.append("--generate-hashes")
+                "--python", sys.executable, "--python-version", python, "--quiet", *extra, "--generate-hashes"]
         if universal:
-            # One version of a package for every Python where one can serve them all (numpy 2.4 for 3.11 to
-            # 3.13, not 2.4 and 2.5): make test-prod on 3.13 then tests what the 3.11 image installs.
+            # One version for every Python where one serves all: make test-prod on 3.13 tests the 3.11 image's.
             args += ["--universal", "--fork-strategy", "fewest"]
         if platform:
             args += ["--python-platform", platform]
@@ -272,27 +247,19 @@ def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path, *
     sources += [a for group in lock.groups for a in ("--group", group)]
     extra = ["--index-url", PYPI, *lock.extra_args]
     if lock.build:
-        build = work / f"{lock.name}.build.in"
-        build.write_text("\n".join(pyproject["build-system"]["requires"]) + "\n")  # type: ignore[index]
-        sources.append(str(build))
+        sources.append(scratch(work / f"{lock.name}.build.in", pyproject["build-system"]["requires"]))  # type: ignore[index]
     if lock.constrain:
-        constraint = work / f"{lock.name}.constraints.txt"
-        constraint.write_text("\n".join(constraints(lock, pyproject)) + "\n")
-        extra += ["--constraints", str(constraint)]
+        extra += ["--constraints", scratch(work / f"{lock.name}.constraints.txt", constraints(lock, pyproject))]
     if lock.name == "shim-legacy":
-        # PyPI's torch is the CUDA build: its runtime is left out, and torch and torchvision themselves
-        # come from PyTorch's CPU index (requirements/torch-cpu.txt).
-        dev_pins = read_pins(LOCK_DIR / "dev.txt")
-        excludes = work / "cuda.txt"
-        excludes.write_text("\n".join(sorted(cuda_only(dev_pins))) + "\n")
-        extra += ["--excludes", str(excludes), "--no-emit-package", "torch", "--no-emit-package", "torchvision"]
+        # PyPI's torch is the CUDA build: its runtime left out, torch itself from the CPU index (torch-cpu.txt).
+        excludes = scratch(work / "cuda.txt", sorted(cuda_only(read_pins(LOCK_DIR / "dev.txt"))))
+        extra += ["--excludes", excludes, "--no-emit-package", "torch", "--no-emit-package", "torchvision"]
     out = work / f"{lock.name}.txt"
     if lock.path.is_file() and not upgrade:  # uv keeps the pins of the file it writes, where they still fit
         out.write_text(lock.path.read_text())
     uv.compile(sources, out, python=lock.python, universal=lock.universal, platform=lock.platform, extra=extra)
     text = out.read_text()
-    # The annotations name the scratch files: name what they stand for instead, so that the file is the same
-    # wherever and whenever it is made.
+    # The annotations name the scratch files: name what they stand for, so the file is the same anywhere.
     text = text.replace(f"-r {work / f'{lock.name}.build.in'}", "pyproject.toml [build-system]")
     sources_of = " ".join(f"requirements/{source}.txt" for source, _ in lock.constrain)
     text = text.replace(f"-c {work / f'{lock.name}.constraints.txt'}", f"-c {sources_of}")
@@ -303,8 +270,7 @@ def compile_lock(uv: Uv, lock: Lock, pyproject: dict[str, object], work: Path, *
 
 
 def torch_cpu_lock(uv: Uv, pyproject: dict[str, object], work: Path) -> tuple[str, str | None]:
-    """torch and torchvision as PyTorch's CPU builds, at the versions the `legacy` extra pins; hashed when
-    the CPU index answers. Returns the file's text and, when it could not be hashed, why."""
+    """torch-cpu.txt's text (the `legacy` extra's pins as CPU builds) and, when the CPU index could not hash it, why."""
     legacy: list[str] = pyproject["project"]["optional-dependencies"]["legacy"]  # type: ignore[index]
     pins = []
     for requirement in legacy:
@@ -312,12 +278,11 @@ def torch_cpu_lock(uv: Uv, pyproject: dict[str, object], work: Path) -> tuple[st
         if not match:
             raise LockError(f"the legacy extra must pin each package exactly (torch==X.Y.Z), not {requirement!r}")
         pins.append(f"{match.group(1)}=={match.group(2)}+cpu")
-    source = work / "torch-cpu.in"
-    source.write_text("\n".join(pins) + "\n")
+    source = scratch(work / "torch-cpu.in", pins)
     out = work / "torch-cpu.txt"
     installed_by = ("Dockerfile (WITH_LEGACY=1), with --no-deps from " + TORCH_CPU_INDEX
                     + ": torch and torchvision as CPU builds (their dependencies: requirements/shim-legacy.txt)")
-    result = uv.compile([str(source)], out, python="3.11", universal=False, platform="x86_64-manylinux_2_28",
+    result = uv.compile([source], out, python="3.11", universal=False, platform="x86_64-manylinux_2_28",
                         extra=["--index-url", TORCH_CPU_INDEX, "--no-deps"], check=False)
     if result.returncode == 0:
         return header(TORCH_CPU, installed_by, uv.version) + out.read_text(), None
@@ -334,8 +299,6 @@ def torch_cpu_lock(uv: Uv, pyproject: dict[str, object], work: Path) -> tuple[st
 def lock_all(uv_binary: str, *, upgrade: bool = False) -> int:
     uv = Uv(uv_binary)
     pyproject = read_pyproject()
-    LOCK_DIR.mkdir(exist_ok=True)
-    warnings = []
     with tempfile.TemporaryDirectory(prefix="lock-") as tmp:
         work = Path(tmp)
         for lock in LOCKS:
@@ -349,16 +312,12 @@ def lock_all(uv_binary: str, *, upgrade: bool = False) -> int:
         text, warning = torch_cpu_lock(uv, pyproject, work)
         changed = write_if_changed(TORCH_CPU, text)
         print(f"lock: {TORCH_CPU.relative_to(ROOT)} {'written' if changed else 'unchanged'}", flush=True)
-        if warning:
-            warnings.append(warning)
     write_if_changed(INPUTS, json.dumps(inputs(pyproject), indent=2, sort_keys=True) + "\n")
-    for warning in warnings:
+    if warning:
         print(f"lock: WARNING: {warning}", file=sys.stderr)
     print("lock: done; commit requirements/ with pyproject.toml", flush=True)
     return 0
 
-
-# -- the check make install runs --------------------------------------------------------------------------
 
 def python_problem(env: str, pyproject: dict[str, object], version: tuple[int, int] | None = None) -> str | None:
     """Why this Python cannot run `env` (dev: make run / make test; prod: the shim alone), or None."""
@@ -388,34 +347,24 @@ def python_problem(env: str, pyproject: dict[str, object], version: tuple[int, i
 
 def check(env: str) -> int:
     pyproject = read_pyproject()
-    problem = python_problem(env, pyproject)
+    missing = [str(p.relative_to(ROOT)) for p in [INPUTS, TORCH_CPU, *(lock.path for lock in LOCKS)] if not p.is_file()]
+    problem = python_problem(env, pyproject) or (f"missing {', '.join(missing)}: run `make lock`" if missing else None)
+    changed = [] if problem else differences(json.loads(INPUTS.read_text()), inputs(pyproject))
+    if changed:
+        problem = ("pyproject.toml and the lock files in requirements/ disagree; what changed since `make lock` last "
+                   "ran:\n" + "".join(f"  - {line}\n" for line in changed)
+                   + "Run `make lock` (it rewrites requirements/ from pyproject.toml) and commit both.")
     if problem:
         print(f"install: {problem}", file=sys.stderr)
-        return 1
-    missing = [str(p.relative_to(ROOT)) for p in [INPUTS, TORCH_CPU, *(lock.path for lock in LOCKS)] if not p.is_file()]
-    if missing:
-        print(f"install: missing {', '.join(missing)}: run `make lock`", file=sys.stderr)
-        return 1
-    recorded = json.loads(INPUTS.read_text())
-    changed = differences(recorded, inputs(pyproject))
-    if changed:
-        print("install: pyproject.toml and the lock files in requirements/ disagree; what changed since "
-              "`make lock` last ran:\n" + "".join(f"  - {line}\n" for line in changed)
-              + "Run `make lock` (it rewrites requirements/ from pyproject.toml) and commit both.", file=sys.stderr)
-        return 1
-    return 0
-
-
-def supported(env: str) -> list[tuple[int, int]]:
-    problems = {v: python_problem(env, read_pyproject(), v) for v in [(3, m) for m in range(8, 20)]}
-    return [v for v, problem in problems.items() if problem is None]
+    return 1 if problem else 0
 
 
 def find_python(env: str) -> str:
     """An interpreter that can run `env`: for dev, python3 when it can, else the oldest supported one found;
     for prod, the newest (it proves the shim on another Python than the dev one). PATH first, then pyenv's
     versions (installed there, but maybe not selected, so that `python3.13` is not runnable)."""
-    versions = supported(env)
+    pyproject = read_pyproject()
+    versions = [v for v in [(3, m) for m in range(8, 20)] if python_problem(env, pyproject, v) is None]
     if env == "prod":
         versions = versions[::-1]
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"

@@ -13,7 +13,6 @@ from report.compare import (
     Answer,
     Outcome,
     from_logits,
-    from_top_k,
     summarize,
     worst,
 )
@@ -33,20 +32,6 @@ def outcome(name: str, *, same: bool = True, overlap: float = 1.0, diff: float =
                     error=triton_error)
     agreement = None if triton_error else Agreement(same, overlap, diff)
     return Outcome(name, legacy=legacy, triton=triton, agreement=agreement)
-
-
-def test_top_k_answers_compare_what_both_lists_hold() -> None:
-    legacy = top((1, 0.50), (2, 0.30), (3, 0.10))
-    same = from_top_k(legacy, top((1, 0.50), (2, 0.30), (3, 0.10)))
-    assert same == Agreement(True, 1.0, 0.0)
-    swapped = from_top_k(legacy, top((2, 0.45), (1, 0.35), (4, 0.12)))
-    assert not swapped.same_top1
-    assert swapped.topk_overlap == pytest.approx(2 / 3)
-    # 1: |0.50 - 0.35| = 0.15 is the largest of the classes both hold; 3 and 4 are each below the other's lowest.
-    assert swapped.max_score_diff == pytest.approx(0.15)
-    # A class only one list holds: at least its score minus the other list's lowest score.
-    lopsided = from_top_k(top((7, 0.90), (1, 0.05)), top((1, 0.06), (2, 0.05)))
-    assert lopsided.max_score_diff == pytest.approx(0.90 - 0.05)
 
 
 def test_logits_compare_as_shadow_mode_does() -> None:
