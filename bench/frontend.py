@@ -86,6 +86,15 @@ def legacy_front(out: Path, model_pt: Path, labels: Path, workers: int, threads:
     return stack.serving(served, stopper, "/", 404, 180, workers)  # no health endpoint: any contract answer will do
 
 
+def flask_floor(out: Path, stopper: stack.Stopper) -> contextlib.AbstractContextManager[Any]:
+    """bench/flask_floor.py under gunicorn, 2 workers x 8 threads (gthread), on a free port."""
+    port = launch.free_port()
+    cmd = [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "8",
+           "--worker-class", "gthread", "--no-control-socket", "bench.flask_floor:app"]
+    served = launch.ServedApp("Flask floor", cmd, dict(os.environ), port, out / "logs" / f"flask-floor-{port}.log")
+    return stack.serving(served, stopper, "/", 404, 60, 2)
+
+
 def shim_env(triton_url: str, transport: str, workers: int, threads: int) -> dict[str, str]:
     return {"SHIM_TRITON_URL": triton_url, "SHIM_MODE": "triton", "SHIM_MODEL_NAME": MODEL,
             **stack.shim_layout(workers, threads), "SHIM_TRANSPORT": transport}
@@ -210,10 +219,10 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
     (out / "logs").mkdir(parents=True, exist_ok=True)
     usable = len(os.sched_getaffinity(0))
     processes = args.floor_processes or usable
-    rows_planned = 2 + 2 * len(args.transports) + 1 + bool(args.profile)  # floor, legacy, shims (+ wrk), direct
-    print(f"front-end benchmark: floor ({processes} processes), legacy front, shim x {', '.join(args.transports)}, "
-          f"direct{', profile' if args.profile else ''}; clients {args.levels}, {args.warmup:g} s + "
-          f"{args.duration:g} s per row: {rows_planned} rows, about "
+    rows_planned = 3 + 2 * len(args.transports) + 1 + bool(args.profile)  # floors, legacy, shims (+ wrk), direct
+    print(f"front-end benchmark: floor ({processes} processes), Flask floor, legacy front, shim x "
+          f"{', '.join(args.transports)}, direct{', profile' if args.profile else ''}; clients {args.levels}, "
+          f"{args.warmup:g} s + {args.duration:g} s per row: {rows_planned} rows, about "
           f"{(rows_planned * (args.warmup + args.duration) + 15 + 8 * rows_planned) / 60:.0f} min; output in {out}",
           flush=True)
 
@@ -250,6 +259,12 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
                               "(torchvision transforms, softmax, top 5)",
                               served.url, front.predict_requests(served.url), b'"predictions"',
                               {"legacy": (served.process.pid,)})
+            with flask_floor(out, front.stopper) as served:
+                front.measure_row("flask-floor", "flask", "Flask floor, gunicorn 2x8",
+                                  "bench/flask_floor.py under gunicorn, 2 workers x 8 threads: reads the multipart "
+                                  "upload, answers a fixed JSON of the contract's shape",
+                                  served.url, front.predict_requests(served.url), b'"predictions"',
+                                  {"flask": (served.process.pid,)})
             print("starting Triton (the near-free stand-in repository) ...", flush=True)
             triton = stack.start_triton(repo, work / "triton")
             try:

@@ -217,12 +217,13 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-FRONT_KINDS = ("floor", "legacy", "shim", "direct", "profiled")
+FRONT_KINDS = ("floor", "flask", "legacy", "shim", "direct", "profiled")
 # The targets, measured side by side in one run: (name, what, comparison, bound).
 TARGETS = (
     ("shim_vs_floor_qps", "shim throughput / floor throughput", ">=", 0.8),
     ("shim_vs_legacy_qps", "shim throughput / legacy front throughput", ">=", 1.5),
     ("shim_vs_floor_cpu", "shim CPU per image / floor CPU per image", "<=", 1.25),
+    ("shim_vs_flask_cpu", "shim CPU per image / the Flask floor's CPU per request", "<=", 1.3),
 )
 
 
@@ -259,6 +260,8 @@ def front_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for c in sorted({r["concurrency"] for r in rows if r["kind"] == "shim"}):
         legacy = next((r for r in rows if r["kind"] == "legacy" and r["concurrency"] == c), None)
+        flask = next((r for r in rows if r["kind"] == "flask" and r["concurrency"] == c), None)
+        flask_cpu = flask["cpu_ms_per_image"].get("flask") if flask else None
         per_transport = []
         for s in (r for r in rows if r["kind"] == "shim" and r["concurrency"] == c):
             shim_cpu = s["cpu_ms_per_image"].get("shim")
@@ -268,6 +271,7 @@ def front_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "shim_vs_floor_qps": _ratio(s, floor, "qps"),
                 "shim_vs_legacy_qps": _ratio(s, legacy, "qps"),
                 "shim_vs_floor_cpu": shim_cpu / floor_cpu if shim_cpu and floor_cpu else None,
+                "shim_vs_flask_cpu": shim_cpu / flask_cpu if shim_cpu and flask_cpu else None,
                 "cpu_bound": {"shim_vs_floor_qps": _ratio(s, floor, "cpu_bound_qps"),
                               "shim_vs_legacy_qps": _ratio(s, legacy, "cpu_bound_qps")},
             })
@@ -304,7 +308,8 @@ def _ms(row: dict[str, Any], group: str) -> str:
     return _f((row.get("cpu_ms_per_image") or {}).get(group), 2)
 
 
-FRONT_GROUP = {"floor": "floor", "legacy": "legacy", "shim": "shim", "profiled": "shim", "direct": None}
+FRONT_GROUP = {"floor": "floor", "flask": "flask", "legacy": "legacy", "shim": "shim", "profiled": "shim",
+               "direct": None}
 
 
 def front_table(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -93,7 +93,7 @@ def test_every_front_end_row_answers_without_errors(quick_run: Run) -> None:
     rows = front_rows(report)
     transports = report["settings"]["transports"]
     assert transports == list(TRANSPORTS)
-    assert set(rows) == {"floor", "legacy-front", *(f"shim-{t}" for t in transports), "direct-front"}
+    assert set(rows) == {"floor", "flask-floor", "legacy-front", *(f"shim-{t}" for t in transports), "direct-front"}
     for r in rows.values():
         assert (r["errors"], r["warmup_errors"], r["unfinished"]) == (0, 0, 0), r
         assert r["answers"] > 0, r
@@ -119,7 +119,8 @@ def test_front_end_cpu_comes_from_the_process_trees(quick_run: Run) -> None:
     assert floor["processes"] == usable == floor["cpu"]["floor"]["processes"]
     assert floor["cpu_ms_per_image"]["floor"] > 0
     transports = report["settings"]["transports"]
-    expected = {"legacy-front": {"legacy", "loadgen"}, "direct-front": {"triton", "loadgen"},
+    expected = {"flask-floor": {"flask", "loadgen"}, "legacy-front": {"legacy", "loadgen"},
+                "direct-front": {"triton", "loadgen"},
                 **{f"shim-{t}": {"shim", "triton", "loadgen"} for t in transports}}
     for config, groups in expected.items():
         r = rows[config]
@@ -149,6 +150,9 @@ def test_front_end_cpu_comes_from_the_process_trees(quick_run: Run) -> None:
         assert split["rest of request"] > -0.2 * (split["decode"] + split["preprocess"]), (t, split)
 
 
+KINDS = ("floor", "flask", "legacy", "shim", "direct")  # the table's order of rows
+
+
 @pytest.mark.triton
 @pytest.mark.timeout(300)
 def test_front_end_report_parses(quick_run: Run) -> None:
@@ -158,10 +162,9 @@ def test_front_end_report_parses(quick_run: Run) -> None:
     table = lines[header + 2:header + 2 + len(report["results"])]
     assert len(table) == len(report["results"]) and lines[header + 2 + len(table)] == ""
     assert [line.split(" | ")[0].lstrip("| ") for line in table] == [
-        r["label"] for r in sorted(report["results"], key=lambda r: ("floor", "legacy", "shim", "direct").index(
-            r["kind"]))]
+        r["label"] for r in sorted(report["results"], key=lambda r: KINDS.index(r["kind"]))]
     checks = [line.strip() for line in lines if line.strip().startswith(("PASS", "NOT MET", "n/a"))]
-    assert len(checks) == 3, lines
+    assert len(checks) == 4, lines
     (level,) = report["ratios"]
     transports = report["settings"]["transports"]
     assert level["best_transport"] in transports and len(level["transports"]) == len(transports)
