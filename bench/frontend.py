@@ -226,13 +226,17 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
           f"{(rows_planned * (args.warmup + args.duration) + 15 + 8 * rows_planned) / 60:.0f} min; output in {out}",
           flush=True)
 
-    repo = write_standin_repo(out / "standin_repo", keep_torch_models="encoded" in args.transports)
+    repo = write_standin_repo(out / "standin_repo", near_free_decode="encoded" in args.transports)
     input_name, dims, output_name, classes = model_interface(repo)
     labels = repo / MODEL / "labels.txt"
     model_pt = near_free_torchscript(out / "models" / "near_free_classifier.pt", dims, classes)
     notes = [f"The model: {repo / MODEL} (modelrepo/standin.py: a numpy python-backend stand-in with resnet50's "
              f"interface, {input_name} FP32 {dims} -> {output_name} FP32 [{classes}]) for the shim and direct rows; "
              f"{model_pt} (the same sums, as scripted torch) for the legacy front."]
+    if "encoded" in args.transports:
+        notes.append(f"The encoded rows' decode step: {repo / (MODEL + '_decode')} (modelrepo/triton_models/"
+                     "near_free_decode.py: its interface, zeros for every JPEG, nothing decoded), so that the shim "
+                     "runs at the rate a GPU host would drive it.")
     work = Path(tempfile.mkdtemp(prefix="shim-bench-front-"))
     machine = stack.machine_info()
     profile: dict[str, Any] | None = None

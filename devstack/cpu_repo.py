@@ -170,7 +170,7 @@ def check_description(model_dir: Path, config: mc.ModelConfig) -> ModelDescripti
 
 def check_decode_step(model_dir: Path, description: ModelDescription) -> None:
     """The generated decode step (<name>_decode), where there is one, must have the description's parameters
-    and the shim's modelrepo/triton_models/decode.py as its model.py."""
+    and the shim's modelrepo/triton_models/decode.py as its model.py (or the benchmarks' near-free stand-in)."""
     from modelrepo import generate as model_repo
 
     step_dir = model_dir.parent / description.decode_model
@@ -181,9 +181,10 @@ def check_decode_step(model_dir: Path, description: ModelDescription) -> None:
     served = {k: v.string_value for k, v in read_config(step_dir / "config.pbtxt").parameters.items()}
     stale = compare_parameters(served, description.decode_parameters(), every=True, described="the description")
     code = [v / "model.py" for v in step_dir.iterdir() if v.is_dir() and v.name.isdigit()]
-    source = model_repo.DECODE_SOURCE.read_text()
+    near_free = model_repo.DECODE_SOURCE.with_name("near_free_decode.py")  # modelrepo/standin.py's, for benchmarks
+    sources = {model_repo.DECODE_SOURCE.read_text(), near_free.read_text()}
     stale += [f"{p.relative_to(step_dir)} (not the shim's modelrepo/triton_models/decode.py)" for p in code
-              if p.is_file() and p.read_text() != source]
+              if p.is_file() and p.read_text() not in sources]
     if stale:
         raise EmbeddedTritonError(f"{step_dir.name}, the decode step of {description.name}, is older than "
                                   f"{model_dir.name}/model.toml or the shim: {'; '.join(stale)}. Run `python "

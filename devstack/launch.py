@@ -15,11 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 class ServedApp:
     """A WSGI app under real gunicorn in a subprocess; its log goes to a file that failures print."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, log_path: Path) -> None:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], port: int, log_path: Path,
+                 cwd: Path = ROOT) -> None:
         self.name, self.port, self.log_path = name, port, log_path
         self.url = f"http://127.0.0.1:{port}"
         self._log = log_path.open("wb")
-        self.process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        self.process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
 
     def wait(self, path: str, timeout_s: float = 120, status: int = 200) -> ServedApp:
@@ -56,13 +57,14 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(sock.getsockname()[1])
 
 
-def start_shim(log_dir: Path, env: dict[str, str], port: int | None = None) -> ServedApp:
-    """The shim under gunicorn as `make run` starts it, with the SHIM_* settings of `env` alone."""
+def start_shim(log_dir: Path, env: dict[str, str], port: int | None = None, root: Path = ROOT) -> ServedApp:
+    """The shim under gunicorn as `make run` starts it, with the SHIM_* settings of `env` alone; `root`: the checkout
+    whose app/ runs (bench --ab compares two)."""
     port = port or free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SHIM_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     full = {**clean, "SHIM_PORT": str(port), **env}
     cmd = [sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf"]
-    return ServedApp("shim", cmd, full, port, log_dir / f"shim-{port}.log")
+    return ServedApp("shim", cmd, full, port, log_dir / f"shim-{port}.log", cwd=root)
 
 
 def start_legacy_app(log_dir: Path, *, model_pt: Path, labels: Path, threads: int = 4,

@@ -119,3 +119,24 @@ def test_the_memory_benchmarks_upload_is_the_largest_the_limits_accept() -> None
                             max_field_bytes=limit)
     assert Image.open(io.BytesIO(image)).size == (500, 500)
     assert decode(image, ImageSpec(max_pixels=250_000)).size == (500, 500)
+
+
+def test_the_front_end_benchmarks_decode_step_is_near_free_and_passes_the_start_up_checks(tmp_path: Path) -> None:
+    """bench --frontend's encoded rows: the decode step keeps its config (interface, parameters) and its ensemble,
+    runs near_free_decode.py, and devstack's checks before Triton starts accept it (a stale decode.py they refuse)."""
+    from devstack.cpu_repo import check_model_files, read_config
+    from devstack.errors import EmbeddedTritonError
+    from modelrepo.standin import write_standin_repo
+
+    repo = write_standin_repo(tmp_path / "repo", near_free_decode=True)
+    source = Path(__file__).resolve().parents[2] / "triton_repo"
+    assert {"resnet50_decode", "resnet50_encoded"} <= {p.name for p in repo.iterdir()}
+    code = (repo / "resnet50_decode" / "1" / "model.py").read_text()
+    assert code == (source.parent / "modelrepo" / "triton_models" / "near_free_decode.py").read_text()
+    assert read_config(repo / "resnet50_decode" / "config.pbtxt") == read_config(
+        source / "resnet50_decode" / "config.pbtxt")
+    check_model_files(repo)
+    (repo / "resnet50_decode" / "1" / "model.py").write_text(code + "\n# edited by hand\n")
+    with pytest.raises(EmbeddedTritonError, match="decode step"):
+        check_model_files(repo)
+    assert "resnet50_decode" not in {p.name for p in write_standin_repo(tmp_path / "plain").iterdir()}
