@@ -136,7 +136,7 @@ def standin_triton(prefix: str, encoded: bool) -> Iterator[tuple[Path, Path, Emb
     """(work folder, repository, Triton) on the near-free stand-in repository, in a temporary folder."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        repo = write_standin_repo(work / "standin_repo", keep_torch_models=encoded)
+        repo = write_standin_repo(work / "standin_repo", near_free_decode=encoded)
         triton = start_triton(repo, work / "triton")
         try:
             yield work, repo, triton
@@ -169,10 +169,10 @@ def serving(served: launch.ServedApp, stopper: Stopper, path: str = "/readyz", s
         stopper.later(stop or served.stop)
 
 
-def serve_shim(logs: Path, env: dict[str, str], stopper: Stopper,
-               workers: int | None = None) -> contextlib.AbstractContextManager[Any]:
+def serve_shim(logs: Path, env: dict[str, str], stopper: Stopper, workers: int | None = None,
+               root: Path = ROOT) -> contextlib.AbstractContextManager[Any]:
     print(f"starting the shim ({', '.join(f'{k}={v}' for k, v in env.items())}) ...", flush=True)
-    return serving(launch.start_shim(logs, env), stopper, workers=workers)
+    return serving(launch.start_shim(logs, env, root=root), stopper, workers=workers)
 
 
 class Stopper:
