@@ -140,3 +140,19 @@ def test_the_front_end_benchmarks_decode_step_is_near_free_and_passes_the_start_
     with pytest.raises(EmbeddedTritonError, match="decode step"):
         check_model_files(repo)
     assert "resnet50_decode" not in {p.name for p in write_standin_repo(tmp_path / "plain").iterdir()}
+
+
+def test_the_gpu_host_estimate_counts_tritons_front_from_the_direct_row() -> None:
+    from bench import frontcheck
+
+    def row(kind: str, transport: str | None, cpu: dict[str, float]) -> dict[str, object]:
+        return {"kind": kind, "transport": transport, "label": f"{kind} [{transport}]", "concurrency": 16,
+                "qps": 100.0, "cpu_ms_per_image": cpu}
+
+    rows = [row("shim", "encoded", {"shim": 1.0, "triton": 3.0}), row("direct", None, {"triton": 0.6})]
+    text = "\n".join(frontcheck.lines(rows, 2, None))
+    assert "| 16,000 | 10,000 |" in text  # 16 x 1000 / 1.0 alone, / (1.0 + 0.6) with the front
+    assert "PASS 16-core GPU host, encoded, shim + Triton's front: 16 x 1000 / (1.00 + 0.60) = 10,000" in text
+    rows[0]["cpu_ms_per_image"] = {"shim": 2.0}
+    assert "NOT MET 16-core GPU host" in "\n".join(frontcheck.lines(rows, 2, None))
+    assert "16-core GPU host" not in "\n".join(frontcheck.lines(rows[:1], 2, None)), "no direct row: no front, no line"
