@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,15 +115,9 @@ def context_switches(root: int) -> int:
 
 def batch_totals(url: str) -> tuple[float, float]:
     """(images, calls) of the shim's triton batcher so far (shim_batch_size); (0, 0) where there is none."""
-    try:
-        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    except OSError:
-        return 0.0, 0.0
-    found = dict.fromkeys(("sum", "count"), 0.0)
-    for kind in found:
-        found[kind] = sum(float(m) for m in re.findall(
-            rf'^shim_batch_size_{kind}{{backend="triton"}} (\S+)$', text, re.M))
-    return found["sum"], found["count"]
+    samples = stack.scrape(url + "/metrics", timeout_s=10) or {}
+    return (stack.total(samples, "shim_batch_size_sum", backend="triton"),
+            stack.total(samples, "shim_batch_size_count", backend="triton"))
 
 
 def measure(binary: str, script: Path, url: str, connections: int, duration_s: float,

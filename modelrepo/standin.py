@@ -36,17 +36,6 @@ def imports_torch(model_dir: Path) -> bool:
     return False
 
 
-def decode_steps(source: Path) -> set[str]:
-    """The python-backend models that take uploads' bytes (TYPE_STRING): the encoded ensembles' decode steps."""
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    from devstack.cpu_repo import model_dirs, read_config
-
-    configs = {name: read_config(d / "config.pbtxt") for name, d in model_dirs(source).items()}
-    return {name for name, c in configs.items()
-            if c.backend == "python" and any(i.data_type == mc.TYPE_STRING for i in c.input)}
-
-
 def left_out(source: Path, kept: frozenset[str] | set[str] = frozenset()) -> set[str]:
     """The models a torch-free copy leaves out: those that import torch (but `kept`), and the ensembles that use
     them."""
@@ -70,19 +59,21 @@ def write_standin_repo(dest: Path, source: Path = ROOT / "triton_repo", labels_a
     """Write the stand-in repository at `dest` (replaced if it exists) and return it."""
     from google.protobuf import text_format
 
-    from devstack.cpu_repo import is_libtorch, model_dirs, read_config
+    from devstack.cpu_repo import is_libtorch, mc, model_dirs, read_config
     from modelrepo.export import write_labels
 
     replace = REPLACEMENTS if replace is None else replace
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    decoders = decode_steps(source) if near_free_decode else set()
+    configs = {name: (d, read_config(d / "config.pbtxt")) for name, d in model_dirs(source).items()}
+    # A decode step: a python model taking the uploads' bytes (TYPE_STRING).
+    decoders = {name for name, (_, c) in configs.items() if near_free_decode and c.backend == "python"
+                and any(i.data_type == mc.TYPE_STRING for i in c.input)}
     skipped = set() if keep_torch_models else left_out(source, decoders)
-    for name, model_dir in model_dirs(source).items():
+    for name, (model_dir, config) in configs.items():
         if name in skipped:
             continue
-        config = read_config(model_dir / "config.pbtxt")
         target = dest / name
         if name in decoders:
             shutil.copytree(model_dir, target, ignore=shutil.ignore_patterns("__pycache__", "labels.txt", "*.py"))
