@@ -100,8 +100,7 @@ class EncodedTransport(Transport):
         wanted = [httpclient.InferRequestedOutput(spec.output_name, binary_data=True),
                   httpclient.InferRequestedOutput(READABLE, binary_data=True)]
         # SHIM_MODEL_VERSION is the classifier's: the ensemble's step for it holds the pin (checked at readiness).
-        result = clients.call(lambda c: c.infer(self.model, [tensor], outputs=wanted, request_id=request_id),
-                              where=self.where())
+        result = clients.infer(self.model, [tensor], outputs=wanted, request_id=request_id, where=self.where())
         log_answer(result, len(uploads))
         logits = self.checked(result.as_numpy(spec.output_name), len(uploads), self.where())
         readable = result.as_numpy(READABLE)

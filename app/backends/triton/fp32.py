@@ -46,8 +46,8 @@ class Fp32Transport(Transport):
         tensor.set_data_from_numpy(batch, binary_data=True)
         wanted = httpclient.InferRequestedOutput(spec.output_name, binary_data=True)
         where = self.where()
-        result = clients.call(lambda c: c.infer(self.model, [tensor], model_version=self.version, outputs=[wanted],
-                                                request_id=request_id), where=where)
+        result = clients.infer(self.model, [tensor], version=self.version, outputs=[wanted], request_id=request_id,
+                               where=where)
         log_answer(result, len(batch))
         return self.checked(result.as_numpy(spec.output_name), len(batch), where)
 
