@@ -76,12 +76,12 @@ class Clients:
         path = f"/v2/models/{quote(model)}{f'/versions/{version}' if version else ''}/infer"
         headers = {} if json_size is None else {"Inference-Header-Content-Length": str(json_size)}
 
-        def send(_: httpclient.InferenceServerClient) -> httpclient.InferResult:
+        def send() -> httpclient.InferResult:
             answer, data = self.wire().post(path, body, headers)
             size = answer.get("inference-header-content-length")
             return httpclient.InferenceServerClient.parse_response_body(
                 data, header_length=None if size is None else int(size))
-        return self.call(send, where=where)
+        return self._translated(send, where=where)
 
     def _check_fork(self) -> None:
         if os.getpid() != self._pid:
@@ -114,9 +114,13 @@ class Clients:
 
     def call(self, call: Callable[[httpclient.InferenceServerClient], T], *, where: str) -> T:
         """One tritonclient call on this thread's client; whatever it raises translated (`where`: the model)."""
+        return self._translated(lambda: call(self.get()), where=where)
+
+    def _translated(self, call: Callable[[], T], *, where: str) -> T:
+        """`call()`, whatever it raises as one of the shim's errors (its cause kept)."""
         started = time.monotonic()
         try:
-            return call(self.get())
+            return call()
         except InferenceServerException as e:  # Triton answered, with an error
             text = str(e.message() or e)
             if any(marker in text.lower() for marker in UNAVAILABLE_MARKERS):

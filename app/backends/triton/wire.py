@@ -3,7 +3,7 @@ parses the answer (its own generate_request_body / parse_response_body); this on
 
 Why: tritonclient's geventhttpclient and the standard library's http.client each spend about 0.3 ms of CPU per
 call on headers and buffering, more than the request's build, the answer's parse and the socket's own system calls
-together (bench/RESULTS.md, "The Triton call's own CPU"). Everything else (metadata, config, readiness) stays on
+together (bench/RESULTS.md, "The Triton call on its own socket"). Everything else (metadata, config, readiness) stays on
 tritonclient's client.
 """
 
