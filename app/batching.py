@@ -3,7 +3,9 @@
 Each request thread submits one item and waits, until its deadline, for its own row or its own error. Sender
 threads (one backend client each) never die: whatever a call raises, every request it took is answered. A sender
 waits for more only while admitted requests are still preprocessing (Upstream), never past the delay: a lone
-request goes at once, a burst as one batch.
+request goes at once, a burst as one batch. No sender takes more than its share of the worker's outstanding
+requests (queued, on their way, in flight): a queue of 13 behind 2 senders goes as 7 and 6, not as 13 on one
+backend instance while the other answers 1 at a time (bench/RESULTS.md, "Where the tail came from").
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Batcher:
         self._collecting = threading.Lock()  # one sender builds a batch while the others send theirs
         self._max_delay_s = max_delay_s
         self._senders = senders
+        self._in_flight = 0  # requests in the batches being sent now (under _cond)
         self._threads: list[threading.Thread] = []
         self._pid: int | None = None
         self._closed = False
@@ -160,7 +163,7 @@ class Batcher:
             batch = [self._queue.popleft()]
             limit = max(1, self.backend.max_batch_size)
             deadline = time.monotonic() + self._max_delay_s
-            while len(batch) < limit:
+            while len(batch) < min(limit, self._share(len(batch))):
                 if self._queue:
                     batch.append(self._queue.popleft())
                     continue
@@ -168,11 +171,25 @@ class Batcher:
                 if self._upstream.count == 0 or remaining <= 0 or self._closed:
                     break
                 self._cond.wait(remaining)
-        return [p for p in batch if p.future.set_running_or_notify_cancel()]  # drop requests that gave up
+            taken = [p for p in batch if p.future.set_running_or_notify_cancel()]  # drop requests that gave up
+            self._in_flight += len(taken)
+        return taken
+
+    def _share(self, collected: int) -> int:
+        """The most one batch may take now: the worker's outstanding requests over its senders, rounded up."""
+        outstanding = collected + len(self._queue) + self._upstream.count + self._in_flight
+        return -(-outstanding // self._senders)
 
     def _send(self, batch: list[_Pending]) -> None:
         if not batch:
             return
+        try:
+            self._send_taken(batch)
+        finally:
+            with self._cond:
+                self._in_flight -= len(batch)
+
+    def _send_taken(self, batch: list[_Pending]) -> None:
         name = self.backend.name
         started, cpu = time.perf_counter(), time.thread_time()
         for pending in batch:

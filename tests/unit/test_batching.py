@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -131,3 +133,30 @@ def test_a_request_waits_no_longer_than_its_timeout() -> None:
         backend.hang.clear()
     assert batcher.submit(item(2.0), "next", timeout_s=TIMEOUT_S)[0] == 2.0
     batcher.close()
+
+
+def test_a_queue_behind_busy_senders_is_shared_between_them() -> None:
+    """13 requests queued while both senders wait on the backend: the first sender back must not take them all
+    (one backend instance computing 13 while the other answers 1 at a time made the CPU run's tail)."""
+    backend = EchoBackend()
+    batcher, _ = make_batcher(backend, senders=2)
+    backend.hang.set()
+    with ThreadPoolExecutor(15) as pool:
+        first = [pool.submit(batcher.submit, item(float(v)), f"busy-{v}", timeout_s=TIMEOUT_S) for v in (1, 2)]
+        wait_for(lambda: len(backend.batches) == 2, "both senders to be busy")
+        queued = [pool.submit(batcher.submit, item(float(v)), f"queued-{v}", timeout_s=TIMEOUT_S)
+                  for v in range(3, 16)]
+        wait_for(lambda: len(batcher._queue) == 13, "13 requests to be queued")
+        backend.hang.clear()
+        answers = [f.result(timeout=TIMEOUT_S)[0] for f in first + queued]
+    assert answers == [float(v) for v in range(1, 16)]
+    assert backend.batches[:2] == [1, 1] and sum(backend.batches) == 15
+    assert max(backend.batches[2:]) <= 7, f"one sender took more than its share: {backend.batches}"
+    batcher.close()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
