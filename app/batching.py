@@ -183,13 +183,6 @@ class Batcher:
     def _send(self, batch: list[_Pending]) -> None:
         if not batch:
             return
-        try:
-            self._send_taken(batch)
-        finally:
-            with self._cond:
-                self._in_flight -= len(batch)
-
-    def _send_taken(self, batch: list[_Pending]) -> None:
         name = self.backend.name
         started, cpu = time.perf_counter(), time.thread_time()
         for pending in batch:
@@ -213,6 +206,8 @@ class Batcher:
                 else:
                     pending.future.set_result(row)
         finally:
+            with self._cond:
+                self._in_flight -= len(batch)
             metrics.STAGE_SECONDS.labels("infer", name).observe(time.perf_counter() - started)
             metrics.CPU_SECONDS.labels("send", name).inc(time.thread_time() - cpu)
 

@@ -46,22 +46,25 @@ class Job:
 
 @dataclass
 class Outcome:
-    """Every completed request: start (seconds from the window's start, negative in warm-up), latency, error."""
+    """Every completed request: start (seconds from the window's start, negative in warm-up), latency, error,
+    and which client sent it."""
 
     starts: list[float] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # "" for a good answer
     ends: list[float] = field(default_factory=list)
+    clients: list[int] = field(default_factory=list)  # the sending client's index (unique across processes)
     window_s: float = 0.0
     cpu_s: float = 0.0  # this process's CPU time during the measured window
     unfinished: int = 0  # requests still open when the run gave up waiting for them
     cpu_window: dict[str, dict[str, float]] | None = None  # Job.watch's groups: CPU over the window (bench/cpu.py)
 
-    def record(self, started: float, ended: float, window_start: float, error: str = "") -> None:
+    def record(self, started: float, ended: float, window_start: float, error: str = "", client: int = 0) -> None:
         self.starts.append(started - window_start)
         self.ends.append(ended - window_start)
         self.latencies.append(ended - started)
         self.errors.append(error)
+        self.clients.append(client)
 
     def add(self, other: Outcome) -> None:
         """Another process's share of the same run."""
@@ -69,6 +72,7 @@ class Outcome:
         self.ends += other.ends
         self.latencies += other.latencies
         self.errors += other.errors
+        self.clients += other.clients
         self.cpu_s += other.cpu_s
         self.unfinished += other.unfinished
         self.cpu_window = self.cpu_window or other.cpu_window
@@ -171,7 +175,7 @@ async def run_job(job: Job, progress: Any | None = None) -> Outcome:
                 error, keep = "timeout", False
             except (OSError, EOFError, ValueError, asyncio.IncompleteReadError) as e:
                 error, keep = type(e).__name__, False
-            out.record(started, time.monotonic(), window_start, error)
+            out.record(started, time.monotonic(), window_start, error, client=index)
             if progress is not None:
                 progress[DONE] += 1
                 if error:

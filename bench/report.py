@@ -47,7 +47,21 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "max_ms": float(np.max(good)) if good else None,
         "loadgen_cpu_pct": 100 * outcome.cpu_s / window if window else None,
         "loadgen_cpu_ms_per_request": 1000 * outcome.cpu_s / len(measured) if measured else None,
+        "client_spread": client_spread(outcome, measured),
     }
+
+
+def client_spread(outcome: Outcome, measured: Sequence[int]) -> float | None:
+    """The slowest client's mean latency over the fastest's, good answers in the window only: 1.0 when every
+    client is served alike; a group of clients kept waiting behind one long batch shows as 2 or more."""
+    by_client: dict[int, list[float]] = {}
+    for i in measured:
+        if not outcome.errors[i]:
+            by_client.setdefault(outcome.clients[i], []).append(outcome.latencies[i])
+    means = [sum(v) / len(v) for v in by_client.values()]
+    if len(means) < 2 or min(means) <= 0:
+        return None
+    return max(means) / min(means)
 
 
 def _f(value: float | None, digits: int = 1) -> str:
@@ -68,12 +82,13 @@ def ordered(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def results_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = _head(["source", "configuration", "clients", "QPS", "p50 ms", "p95 ms", "p99 ms", "errors", "answers"], 2)
+    lines = _head(["source", "configuration", "clients", "QPS", "p50 ms", "p95 ms", "p99 ms",
+                   "slowest / fastest client", "errors", "answers"], 2)
     for seed in SEED_ROWS:
-        lines.append(_row([SEED_SOURCE, seed["label"], "?", seed["qps"], "-", "-", seed["p99_ms"], "-", "-"]))
+        lines.append(_row([SEED_SOURCE, seed["label"], "?", seed["qps"], "-", "-", seed["p99_ms"], "-", "-", "-"]))
     for r in ordered(rows):
         lines.append(_row(["this run", r["label"], r["concurrency"], _f(r["qps"]), _f(r["p50_ms"]), _f(r["p95_ms"]),
-                           _f(r["p99_ms"]), r["errors"], r["answers"]]))
+                           _f(r["p99_ms"]), _f(r.get("client_spread"), 2), r["errors"], r["answers"]]))
     return lines
 
 

@@ -223,7 +223,7 @@ class Run:
         self.triton_server: dict[str, Any] | None = None  # Triton's own /v2 metadata: name, version
         self._csv_file = (out / "requests.csv").open("w", newline="")
         self._csv = csv.writer(self._csv_file)
-        self._csv.writerow(["config", "clients", "phase", "start_s", "latency_ms", "error"])
+        self._csv.writerow(["config", "clients", "phase", "start_s", "latency_ms", "error", "client"])
         self.jpegs = stack.sample_jpegs(IMAGES, *IMAGE_SIZE)
         description = getattr(args, "description", None)
         self.ready_tensors = stack.ready_tensors(self.jpegs, description.spec() if description else None)
@@ -364,10 +364,10 @@ class Run:
         return row
 
     def record(self, config: str, concurrency: int, outcome: Outcome) -> None:
-        for start, end, latency, error in zip(outcome.starts, outcome.ends, outcome.latencies, outcome.errors,
-                                              strict=True):
+        for start, end, latency, error, client in zip(outcome.starts, outcome.ends, outcome.latencies,
+                                                      outcome.errors, outcome.clients, strict=True):
             phase = "warmup" if end < 0 else "measure" if end < outcome.window_s else "after"
-            self._csv.writerow([config, concurrency, phase, f"{start:.6f}", f"{latency * 1000:.3f}", error])
+            self._csv.writerow([config, concurrency, phase, f"{start:.6f}", f"{latency * 1000:.3f}", error, client])
 
     def ceiling(self, stub_port: int, tensors: bool) -> list[dict[str, Any]]:
         """The load generator against a stub that answers at once: uploads, and (at the top level) tensor bodies."""

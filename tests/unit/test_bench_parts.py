@@ -156,3 +156,20 @@ def test_the_gpu_host_estimate_counts_tritons_front_from_the_direct_row() -> Non
     rows[0]["cpu_ms_per_image"] = {"shim": 2.0}
     assert "NOT MET 16-core GPU host" in "\n".join(frontcheck.lines(rows, 2, None))
     assert "16-core GPU host" not in "\n".join(frontcheck.lines(rows[:1], 2, None)), "no direct row: no front, no line"
+
+
+def test_a_group_of_clients_kept_waiting_shows_in_the_client_spread() -> None:
+    from bench.loadgen import Outcome
+    from bench.report import summarize
+
+    even = Outcome(window_s=10.0)
+    held = Outcome(window_s=10.0)
+    for k in range(40):
+        client = k % 4
+        even.record(float(k) / 10, float(k) / 10 + 0.1, 0.0, client=client)
+        # clients 2 and 3 wait behind one long batch: three times as long as clients 0 and 1
+        held.record(float(k) / 10, float(k) / 10 + (0.3 if client >= 2 else 0.1), 0.0, client=client)
+    held.record(9.0, 9.5, 0.0, error="HTTP 503", client=0)  # an error is no answer: it does not count
+    assert summarize(even)["client_spread"] == pytest.approx(1.0)
+    assert summarize(held)["client_spread"] == pytest.approx(3.0)
+    assert summarize(Outcome(window_s=10.0))["client_spread"] is None
