@@ -30,7 +30,13 @@ from app.backends.base import Backend, Rows, SendAgain
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, ShimError
 
 log = logging.getLogger(__name__)
-TRITON_SENDERS = 2  # Triton requests in flight at once per worker: one batch is sent while the next collects
+
+
+def triton_senders(instances: int, workers: int) -> int:
+    """Triton requests in flight at once per worker: together the workers keep each model instance busy, and no
+    more, since a request queued in Triton waits a whole batch behind another (it is never split). Two workers
+    and two instances: one each; one worker: two (bench/RESULTS.md, "Connections spread over the workers")."""
+    return max(1, -(-instances // max(1, workers)))
 
 
 class Upstream:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.capabilities import check_start, legacy_lacks
 from app.description import resolve
+from app.gunicorn_worker import Spread
 from app.logs import gunicorn_logconfig
 from app.malloc import few_arenas
 from app.settings import Settings, SettingsError
@@ -31,7 +32,8 @@ few_arenas()
 wsgi_app = "app:create_app()"
 bind = f"0.0.0.0:{_settings.port}"
 workers = _settings.workers
-worker_class = "gthread"
+# gthread, except that a new connection goes to the worker holding fewest (app/gunicorn_worker.py).
+worker_class = "app.gunicorn_worker.BalancedThreadWorker"
 threads = _settings.threads
 # Never preload: tritonclient's HTTP client breaks when created before a fork, and torch with it.
 preload_app = False
@@ -78,9 +80,18 @@ def when_ready(server: Any) -> None:
         _proxy_log.append(Supervisor(_settings.proxy_log_address).start())
 
 
+# Each worker's open connections, shared by the master's forks (a reload briefly runs old and new workers).
+_spread = Spread(2 * _settings.workers + 2)
+
+
+def pre_fork(server: Any, worker: Any) -> None:
+    _spread.assign(worker)
+
+
 def child_exit(server: Any, worker: Any) -> None:
     from app.metrics import mark_worker_dead
 
+    _spread.release(worker)
     mark_worker_dead(worker.pid)
 
 

@@ -40,7 +40,7 @@ RETIRED: dict[str, str] = {
     "SHIM_MAX_IMAGE_PIXELS": _CONSTANT.format("app/preprocess.py (MAX_IMAGE_PIXELS, 40 M)"),
     "SHIM_TRITON_CONNECT_TIMEOUT_S": _CONSTANT.format("app/wiring.py (TRITON_CONNECT_TIMEOUT_S)"),
     "SHIM_READINESS_TIMEOUT_S": _CONSTANT.format("app/readiness.py (DEADLINE_S)"),
-    "SHIM_BATCH_SENDERS": _CONSTANT.format("app/batching.py (TRITON_SENDERS)"),
+    "SHIM_BATCH_SENDERS": _CONSTANT.format("app/batching.py (triton_senders: instances / SHIM_WORKERS)"),
     "SHIM_DECODE_SLOTS": _CONSTANT.format("app/admission.py (DECODE_SLOTS)"),
     "SHIM_RETRY_AFTER_S": _CONSTANT.format("app/admission.py (RETRY_AFTER_S)"),
     "SHIM_FLAG_POLL_S": _CONSTANT.format("app/traffic.py (POLL_S)"),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from app import metrics
 from app.admission import Admission
 from app.backends.base import Backend, MayLack
-from app.batching import TRITON_SENDERS, Batcher, Upstream
+from app.batching import Batcher, Upstream, triton_senders
 from app.breaker import CircuitBreaker
 from app.capabilities import check_start
 from app.capture import Capture
@@ -86,7 +86,8 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     delay_s = settings.batch_delay_ms / 1000
     admission = Admission(max_pending=settings.max_pending)
     batchers = {
-        TRITON: Batcher(chosen[TRITON], upstream, max_delay_s=delay_s, senders=TRITON_SENDERS, turn=admission.turn),
+        TRITON: Batcher(chosen[TRITON], upstream, max_delay_s=delay_s, turn=admission.turn,
+                        senders=triton_senders(served.description.instances, settings.workers)),
         # In-process torch already uses every core for one batch: one sender.
         LEGACY: Batcher(chosen[LEGACY], upstream, max_delay_s=delay_s, senders=1),
     }

@@ -1,0 +1,107 @@
+"""gunicorn's gthread worker, except that a worker holding more connections than another lets that one take
+a new connection first, and closes a kept-alive one (announced: `Connection: close`) while it holds two more.
+
+Why: every gthread worker polls the one listening socket and the first awake takes what arrives. Sixteen
+keep-alive clients landed 16 / 0, 9 / 7 and 12 / 4 on two workers (bench/RESULTS.md, "Connections spread over
+the workers"): one worker's GIL doing all the work, or two batchers with equal shares of Triton serving unequal
+numbers of clients, so that one group of clients waited 1.5-3x as long as the other.
+
+Connections that came before a worker was up (a restart, the first worker ready while the second boots) move
+too: their clients reconnect after an answer that says so, never in the middle of a request.
+
+The counts are one shared int per worker (`Spread`, made by the master before it forks and handed to each
+worker in `pre_fork`). A worker waits for another at most DEFER_S per connection: a hung or busy worker delays
+a new connection by that much, never refuses it.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.sharedctypes import RawArray
+from typing import Any
+
+from gunicorn.workers.gthread import ThreadWorker
+
+DEFER_S = 0.005  # the longest a new connection waits for a less loaded worker (a busy one wakes within a GIL switch)
+NOT_ACCEPTING = -1  # a free slot, or a worker not taking connections (stopping, or at worker_connections)
+
+
+class Spread:
+    """The open connections of each worker, in memory the master's forks share: one slot per worker."""
+
+    def __init__(self, slots: int) -> None:
+        self.counts = RawArray("i", [NOT_ACCEPTING] * slots)
+        self._used: set[int] = set()  # the master's own record of the slots its workers hold
+
+    def assign(self, worker: Any) -> None:
+        """In the master, before the fork: the lowest free slot. It counts once the worker's loop runs."""
+        slot = next((i for i in range(len(self.counts)) if i not in self._used), None)
+        if slot is None:  # more workers at once than slots (a reload's overlap): this one simply goes unbalanced
+            return
+        self._used.add(slot)
+        self.counts[slot] = NOT_ACCEPTING
+        worker.spread = (self, slot)
+
+    def release(self, worker: Any) -> None:
+        """In the master, when a worker has exited: its slot is free and counts for nobody."""
+        spread = getattr(worker, "spread", None)
+        if spread is not None:
+            self.counts[spread[1]] = NOT_ACCEPTING
+            self._used.discard(spread[1])
+
+    def fewest_elsewhere(self, slot: int) -> int | None:
+        """The fewest connections another accepting worker holds; None when no other worker accepts."""
+        others = [c for i, c in enumerate(self.counts) if i != slot and c != NOT_ACCEPTING]
+        return min(others) if others else None
+
+
+def should_move(mine: int, fewest_elsewhere: int | None) -> bool:
+    """Close this connection after its answer: another worker holds at least two fewer (one less would only swap)."""
+    return fewest_elsewhere is not None and mine > fewest_elsewhere + 1
+
+
+def should_wait(mine: int, fewest_elsewhere: int | None, waited_s: float) -> bool:
+    """Leave a new connection to another worker: it holds fewer, and this one has not waited DEFER_S for it."""
+    return fewest_elsewhere is not None and mine > fewest_elsewhere and waited_s < DEFER_S
+
+
+class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
+    """gthread; `accept` steps aside while another worker holds fewer connections (for DEFER_S at most)."""
+
+    spread: tuple[Spread, int] | None = None
+    _waiting_since: float | None = None
+    _offered = False  # the listener was readable in this round of events
+
+    def _publish(self) -> None:
+        if self.spread is not None:
+            spread, slot = self.spread
+            spread.counts[slot] = self.nr_conns if self.alive and self._accepting else NOT_ACCEPTING
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        self._publish()
+        self._offered = False
+        super().wait_for_and_dispatch_events(timeout)
+        if not self._offered:  # nothing waited to be accepted: the next connection starts its own wait
+            self._waiting_since = None
+        self._publish()
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        if self.spread is not None:
+            spread, slot = self.spread
+            if should_move(self.nr_conns, spread.fewest_elsewhere(slot)):
+                req.must_close = True  # gunicorn answers `Connection: close` and closes after the answer
+        return super().handle_request(req, conn)
+
+    def accept(self, listener: Any) -> None:
+        self._offered = True
+        if self.spread is not None:
+            spread, slot = self.spread
+            now = time.monotonic()
+            if self._waiting_since is None:
+                self._waiting_since = now
+            if should_wait(self.nr_conns, spread.fewest_elsewhere(slot), now - self._waiting_since):
+                time.sleep(0.0005)  # the listener stays readable: yield, rather than spin, while the other takes it
+                return
+        self._waiting_since = None
+        super().accept(listener)
+        self._publish()
