@@ -11,7 +11,8 @@ too: their clients reconnect after an answer that says so, never in the middle o
 
 The counts are one shared int per worker (`Spread`, made by the master before it forks and handed to each
 worker in `pre_fork`). A worker waits for another at most DEFER_S per connection: a hung or busy worker delays
-a new connection by that much, never refuses it.
+a new connection by that much, never refuses it; and it moves one client per MOVE_EVERY_S at most, so that
+threads answering at once do not all move theirs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from gunicorn.workers.gthread import ThreadWorker
 
 DEFER_S = 0.005  # the longest a new connection waits for a less loaded worker (a busy one wakes within a GIL switch)
+MOVE_EVERY_S = 0.05  # at most one client moved per worker in this time: the counts settle before the next
 NOT_ACCEPTING = -1  # a free slot, or a worker not taking connections (stopping, or at worker_connections)
 
 
@@ -70,6 +72,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     spread: tuple[Spread, int] | None = None
     _waiting_since: float | None = None
+    _moved_at = 0.0  # when this worker last told a client to reconnect
     _offered = False  # the listener was readable in this round of events
 
     def _publish(self) -> None:
@@ -86,9 +89,11 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._publish()
 
     def handle_request(self, req: Any, conn: Any) -> Any:
-        if self.spread is not None:
+        now = time.monotonic()
+        if self.spread is not None and now - self._moved_at >= MOVE_EVERY_S:
             spread, slot = self.spread
             if should_move(self.nr_conns, spread.fewest_elsewhere(slot)):
+                self._moved_at = now  # threads answering at once would otherwise all move theirs
                 req.must_close = True  # gunicorn answers `Connection: close` and closes after the answer
         return super().handle_request(req, conn)
 
