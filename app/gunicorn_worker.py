@@ -7,16 +7,18 @@ the workers"): one worker's GIL doing all the work, or two batchers with equal s
 numbers of clients, so that one group of clients waited 1.5-3x as long as the other.
 
 Connections that came before a worker was up (a restart, the first worker ready while the second boots) move
-too: their clients reconnect after an answer that says so, never in the middle of a request.
+too: their clients reconnect after an answer that says so, never in the middle of a request. The clients told
+to go count as gone from here and arrived there until their connection closes, so that the threads answering
+one batch at once move what evens the counts, not every client they answered (bench/RESULTS.md has both).
 
 The counts are one shared int per worker (`Spread`, made by the master before it forks and handed to each
 worker in `pre_fork`). A worker waits for another at most DEFER_S per connection: a hung or busy worker delays
-a new connection by that much, never refuses it; and it moves one client per MOVE_EVERY_S at most, so that
-threads answering at once do not all move theirs.
+a new connection by that much, never refuses it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from multiprocessing.sharedctypes import RawArray
 from typing import Any
@@ -24,7 +26,6 @@ from typing import Any
 from gunicorn.workers.gthread import ThreadWorker
 
 DEFER_S = 0.005  # the longest a new connection waits for a less loaded worker (a busy one wakes within a GIL switch)
-MOVE_EVERY_S = 0.05  # at most one client moved per worker in this time: the counts settle before the next
 NOT_ACCEPTING = -1  # a free slot, or a worker not taking connections (stopping, or at worker_connections)
 
 
@@ -57,9 +58,10 @@ class Spread:
         return min(others) if others else None
 
 
-def should_move(mine: int, fewest_elsewhere: int | None) -> bool:
-    """Close this connection after its answer: another worker holds at least two fewer (one less would only swap)."""
-    return fewest_elsewhere is not None and mine > fewest_elsewhere + 1
+def should_move(mine: int, fewest_elsewhere: int | None, leaving: int = 0) -> bool:
+    """Close this connection after its answer: another worker holds at least two fewer (one less would only swap),
+    counting the `leaving` clients already told to go as gone from here and arrived there."""
+    return fewest_elsewhere is not None and mine - leaving > fewest_elsewhere + leaving + 1
 
 
 def should_wait(mine: int, fewest_elsewhere: int | None, waited_s: float) -> bool:
@@ -72,8 +74,14 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
 
     spread: tuple[Spread, int] | None = None
     _waiting_since: float | None = None
-    _moved_at = 0.0  # when this worker last told a client to reconnect
     _offered = False  # the listener was readable in this round of events
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Clients told to reconnect whose connection is not closed yet: threads answering at once see each
+        # other's decisions, so a 9 / 7 moves one client, not all that were answered together (then 6 / 10).
+        self._leaving = 0
+        self._leaving_lock = threading.Lock()
 
     def _publish(self) -> None:
         if self.spread is not None:
@@ -89,13 +97,21 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         self._publish()
 
     def handle_request(self, req: Any, conn: Any) -> Any:
-        now = time.monotonic()
-        if self.spread is not None and now - self._moved_at >= MOVE_EVERY_S:
+        if self.spread is not None:
             spread, slot = self.spread
-            if should_move(self.nr_conns, spread.fewest_elsewhere(slot)):
-                self._moved_at = now  # threads answering at once would otherwise all move theirs
-                req.must_close = True  # gunicorn answers `Connection: close` and closes after the answer
+            with self._leaving_lock:
+                if should_move(self.nr_conns, spread.fewest_elsewhere(slot), self._leaving):
+                    self._leaving += 1
+                    conn.shim_leaving = True
+                    req.must_close = True  # gunicorn answers `Connection: close` and closes after the answer
         return super().handle_request(req, conn)
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        super().finish_request(conn, fs)  # on the main thread: a closed connection has left nr_conns here
+        if getattr(conn, "shim_leaving", False):
+            conn.shim_leaving = False
+            with self._leaving_lock:
+                self._leaving -= 1
 
     def accept(self, listener: Any) -> None:
         self._offered = True

@@ -21,6 +21,10 @@ def test_a_kept_alive_connection_moves_only_when_another_worker_holds_two_fewer(
     assert should_move(mine=16, fewest_elsewhere=0)
     assert not should_move(mine=9, fewest_elsewhere=8)  # moving it would only swap the counts
     assert not should_move(mine=5, fewest_elsewhere=None)
+    # Clients already told to go count as arrived elsewhere: 9 / 7 moves one, 16 / 0 moves eight.
+    assert not should_move(mine=9, fewest_elsewhere=7, leaving=1)
+    assert should_move(mine=16, fewest_elsewhere=0, leaving=7)
+    assert not should_move(mine=16, fewest_elsewhere=0, leaving=8)
 
 
 def test_the_master_hands_out_free_slots_and_a_dead_workers_slot_counts_for_nobody() -> None:
