@@ -100,13 +100,20 @@ def test_a_connection_closed_before_the_answer_is_503_not_a_bug() -> None:
 
         def hang_up() -> None:
             for _ in range(4):  # tritonclient may try again on a fresh connection
-                conn, _ = rude.accept()
+                try:
+                    conn, _ = rude.accept()
+                except OSError:  # the test closed the listener: no more tries came
+                    return
                 conn.recv(65536)
                 conn.close()
 
-        threading.Thread(target=hang_up, daemon=True).start()
+        rudeness = threading.Thread(target=hang_up, daemon=True)
+        rudeness.start()
         with pytest.raises(BackendUnavailable, match="unreachable"):
             backend(f"127.0.0.1:{port}").infer([item(0.0)], ["x"])
+        rude.shutdown(socket.SHUT_RDWR)  # wakes an accept() still waiting, here and not in a later test
+    rudeness.join(timeout=10)
+    assert not rudeness.is_alive()
 
 
 def test_a_connect_that_times_out_is_503_not_504() -> None:
