@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.settings import Settings
 from bench import floor, frontcheck, stack, wrk
 from bench import profile as pyspy
 from bench.loadgen import LoadGenerator
 from bench.report import cpu_columns, cpu_split, front_markdown, front_ratios, summarize
 from bench.run import Run, Started, Target, finish
-from devstack import launch
+from devstack import launch, proxy
 from devstack.cpu_repo import read_config
 from modelrepo.standin import write_standin_repo
 
@@ -129,13 +130,13 @@ class FrontRun(Run):
     def measure_row(self, config: str, kind: str, label: str, description: str, url: str, requests: tuple[bytes, ...],
                 expect: bytes, watch: dict[str, tuple[int, ...]], transport: str | None = None,
                 shim_metrics: str | None = None, triton_metrics: str | None = None,
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                extra: dict[str, Any] | None = None, levels: Sequence[int] | None = None) -> dict[str, Any]:
         self.configurations.append({"config": config, "label": label, "description": description})
         target = Target(config, label, description, url, requests, expect, shim_metrics=shim_metrics,
                         triton_metrics=triton_metrics, watch={**watch, "loadgen": self.loadgen.pids},
                         extra={"kind": kind, "transport": transport, **(extra or {})})
         row: dict[str, Any] = {}
-        for concurrency in self.args.levels:
+        for concurrency in levels or self.args.levels:
             row = self.measure_one(target, concurrency)
             machine = row.get("machine") or {}
             print("    CPU ms per image: " + ", ".join(f"{g} {v:.2f}" for g, v in row["cpu_ms_per_image"].items()
@@ -180,6 +181,33 @@ class FrontRun(Run):
               f"{(row.get('machine') or {}).get('idle_pct') or 0:.0f} %", flush=True)
 
 
+def proxied_row(front: FrontRun, triton: Any, tpid: int, transport: str) -> None:
+    """One more row: a fresh shim with `transport` behind nginx as deployed (deploy/nginx: its edge and admission
+    servers, the access log sent to the shim), nginx's CPU per image beside the shim's: the proxy's share of a
+    host. At the lowest client count only: nginx lets one client address hold 32 /predict at once, and every
+    client here is 127.0.0.1."""
+    if proxy.nginx_binary() is None:
+        print(f"note: no nginx row ({proxy.MISSING})", flush=True)
+        return
+    address = f"127.0.0.1:{proxy.free_udp_port()}"
+    env = {**shim_env(triton.http_url, transport, front.args.shim_workers, front.args.shim_threads),
+           "SHIM_PROXY_HOPS": "1", "SHIM_PROXY_LOG_ADDRESS": address}
+    settings = Settings(max_pending=int(env["SHIM_MAX_PENDING"]), proxy_log_address=address)
+    with stack.serve_shim(front.logs, env, front.stopper, front.args.shim_workers) as served:
+        nginx = proxy.Proxy(front.out / "nginx", f"127.0.0.1:{served.port}", settings=settings)
+        try:
+            nginx.wait()
+            front.measure_row(f"shim-{transport}-nginx", "proxied", f"shim [{transport}] behind nginx",
+                              f"the shim as the {transport} row, SHIM_PROXY_HOPS=1, behind deploy/nginx's "
+                              "configuration (edge and admission servers, access log to the shim)",
+                              nginx.url, front.predict_requests(nginx.url), b'"predictions"',
+                              {"shim": (served.process.pid,), "nginx": (nginx.process.pid,), "triton": (tpid,)},
+                              transport=transport, shim_metrics=served.url + "/metrics",
+                              triton_metrics=triton.metrics_url, levels=[min(front.args.levels)])
+        finally:
+            front.stopper.later(nginx.stop)
+
+
 def profile_row(front: FrontRun, served: Any, tpid: int, transport: str) -> dict[str, Any]:
     """One more window on a fresh shim with `transport`, py-spy recording its first worker while it is measured."""
     pid = stack.wait_for_children(served.process.pid, front.args.shim_workers)[0]
@@ -219,7 +247,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
     (out / "logs").mkdir(parents=True, exist_ok=True)
     usable = len(os.sched_getaffinity(0))
     processes = args.floor_processes or usable
-    rows_planned = 3 + 2 * len(args.transports) + 1 + bool(args.profile)  # floors, legacy, shims (+ wrk), direct
+    # floors, legacy, shims (+ wrk), encoded behind nginx, direct, profile
+    rows_planned = 3 + 2 * len(args.transports) + ("encoded" in args.transports) + 1 + bool(args.profile)
     print(f"front-end benchmark: floor ({processes} processes), Flask floor, legacy front, shim x "
           f"{', '.join(args.transports)}, direct{', profile' if args.profile else ''}; clients {args.levels}, "
           f"{args.warmup:g} s + {args.duration:g} s per row: {rows_planned} rows, about "
@@ -285,6 +314,8 @@ def main(args: argparse.Namespace, argv: Sequence[str] | None, out: Path | None 
                                       {"shim": (served.process.pid,), "triton": (tpid,)}, transport=transport,
                                       shim_metrics=served.url + "/metrics", triton_metrics=triton.metrics_url,
                                       extra={"transport_reported": reported})
+                if "encoded" in args.transports:
+                    proxied_row(front, triton, tpid, "encoded")
                 front.measure_row("direct-front", "direct", "direct tritonclient -> Triton",
                               f"ready-made FP32 [1,{','.join(map(str, dims))}] binary-tensor requests straight to "
                               f"Triton: {served_config}", f"http://{triton.http_url}",

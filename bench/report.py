@@ -232,7 +232,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-FRONT_KINDS = ("floor", "flask", "legacy", "shim", "direct", "profiled")
+FRONT_KINDS = ("floor", "flask", "legacy", "shim", "proxied", "direct", "profiled")
 # The targets, measured side by side in one run: (name, what, comparison, bound).
 TARGETS = (
     ("shim_vs_floor_qps", "shim throughput / floor throughput", ">=", 0.8),
@@ -323,8 +323,8 @@ def _ms(row: dict[str, Any], group: str) -> str:
     return _f((row.get("cpu_ms_per_image") or {}).get(group), 2)
 
 
-FRONT_GROUP = {"floor": "floor", "flask": "flask", "legacy": "legacy", "shim": "shim", "profiled": "shim",
-               "direct": None}
+FRONT_GROUP = {"floor": "floor", "flask": "flask", "legacy": "legacy", "shim": "shim", "proxied": "shim",
+               "profiled": "shim", "direct": None}
 
 
 def front_table(rows: Sequence[dict[str, Any]]) -> list[str]:

@@ -25,6 +25,7 @@ import pytest
 
 from bench import cpu
 from bench.report import cpu_split
+from devstack.proxy import nginx_binary
 from tests.conftest import start_early, take_early
 from tests.support import ROOT
 
@@ -93,7 +94,9 @@ def test_every_front_end_row_answers_without_errors(quick_run: Run) -> None:
     rows = front_rows(report)
     transports = report["settings"]["transports"]
     assert transports == list(TRANSPORTS)
-    assert set(rows) == {"floor", "flask-floor", "legacy-front", *(f"shim-{t}" for t in transports), "direct-front"}
+    behind_nginx = {"shim-encoded-nginx"} if nginx_binary() else set()  # make test unpacks nginx (make nginx)
+    assert set(rows) == {"floor", "flask-floor", "legacy-front", *(f"shim-{t}" for t in transports), "direct-front",
+                         *behind_nginx}
     for r in rows.values():
         assert (r["errors"], r["warmup_errors"], r["unfinished"]) == (0, 0, 0), r
         assert r["answers"] > 0, r
@@ -122,6 +125,8 @@ def test_front_end_cpu_comes_from_the_process_trees(quick_run: Run) -> None:
     expected = {"flask-floor": {"flask", "loadgen"}, "legacy-front": {"legacy", "loadgen"},
                 "direct-front": {"triton", "loadgen"},
                 **{f"shim-{t}": {"shim", "triton", "loadgen"} for t in transports}}
+    if "shim-encoded-nginx" in rows:  # the shim as deployed: nginx's own CPU beside it
+        expected["shim-encoded-nginx"] = {"shim", "nginx", "triton", "loadgen"}
     for config, groups in expected.items():
         r = rows[config]
         assert set(r["cpu"]) == groups | {"machine"}, r["cpu"]
@@ -150,7 +155,7 @@ def test_front_end_cpu_comes_from_the_process_trees(quick_run: Run) -> None:
         assert split["rest of request"] > -0.2 * (split["decode"] + split["preprocess"]), (t, split)
 
 
-KINDS = ("floor", "flask", "legacy", "shim", "direct")  # the table's order of rows
+KINDS = ("floor", "flask", "legacy", "shim", "proxied", "direct")  # the table's order of rows
 
 
 @pytest.mark.triton
@@ -164,11 +169,15 @@ def test_front_end_report_parses(quick_run: Run) -> None:
     assert [line.split(" | ")[0].lstrip("| ") for line in table] == [
         r["label"] for r in sorted(report["results"], key=lambda r: KINDS.index(r["kind"]))]
     checks = [line.strip() for line in lines if line.strip().startswith(("PASS", "NOT MET", "n/a"))]
-    host = [c for c in checks if "16-core GPU host, encoded, shim + Triton's front" in c]
+    host = [c for c in checks if "16-core GPU host" in c]
     front = [r["cpu_ms_per_image"].get("triton") for r in report["results"] if r["kind"] == "direct"]
-    # 4 targets + the estimate, which needs Triton's CPU in the direct row (a 1.3 s window may count 0 ticks)
-    assert len(host) == (1 if any(front) else 0) and len(checks) == 4 + len(host), lines
+    encoded = [r for r in report["results"] if r["kind"] in ("shim", "proxied") and r["transport"] == "encoded"]
+    # 4 targets + an estimate per encoded row, which needs Triton's CPU in the direct row (a 1.3 s window may
+    # count 0 ticks); the row behind nginx first, with nginx's CPU counted
+    assert len(host) == (len(encoded) if any(front) else 0) and len(checks) == 4 + len(host), lines
     assert all("target >= 10,000" in line for line in host), host
+    if host and len(encoded) == 2:
+        assert "as deployed, behind nginx" in host[0] and " + nginx " in host[0], host
     (level,) = report["ratios"]
     transports = report["settings"]["transports"]
     assert level["best_transport"] in transports and len(level["transports"]) == len(transports)
