@@ -11,6 +11,12 @@ too: their clients reconnect after an answer that says so, never in the middle o
 to go count as gone from here and arrived there until their connection closes, so that the threads answering
 one batch at once move what evens the counts, not every client they answered (bench/RESULTS.md has both).
 
+A thread that has answered a kept-alive client waits up to LINGER_S for that client's next request and serves it
+too, while every connection of the worker can have a thread of its own: under load the next request comes
+within a millisecond or two, and going back through gthread's poller, its thread pool and its main thread cost
+four context switches and about 5 % of the shim's CPU per image (bench/RESULTS.md, "A kept-alive client stays
+with its thread"). An idle client goes back to the poller as in plain gthread.
+
 The counts are one shared int per worker (`Spread`, made by the master before it forks and handed to each
 worker in `pre_fork`). A worker waits for another at most DEFER_S per connection: a hung or busy worker delays
 a new connection by that much, never refuses it.
@@ -18,6 +24,7 @@ a new connection by that much, never refuses it.
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from multiprocessing.sharedctypes import RawArray
@@ -26,6 +33,7 @@ from typing import Any
 from gunicorn.workers.gthread import ThreadWorker
 
 DEFER_S = 0.005  # the longest a new connection waits for a less loaded worker (a busy one wakes within a GIL switch)
+LINGER_S = 0.05  # how long a thread waits for the next request of the client it answered (then: the poller)
 NOT_ACCEPTING = -1  # a free slot, or a worker not taking connections (stopping, or at worker_connections)
 
 
@@ -64,15 +72,26 @@ def should_move(mine: int, fewest_elsewhere: int | None, leaving: int = 0) -> bo
     return fewest_elsewhere is not None and mine - leaving > fewest_elsewhere + leaving + 1
 
 
+def next_request_within(conn: Any, timeout_s: float) -> bool:
+    """The client's next request has begun to arrive (read ahead already, or the socket readable) within timeout_s."""
+    if conn.parser.unreader.buf.getbuffer().nbytes:
+        return True
+    poller = select.poll()
+    poller.register(conn.sock, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
+
+
 def should_wait(mine: int, fewest_elsewhere: int | None, waited_s: float) -> bool:
     """Leave a new connection to another worker: it holds fewer, and this one has not waited DEFER_S for it."""
     return fewest_elsewhere is not None and mine > fewest_elsewhere and waited_s < DEFER_S
 
 
 class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
-    """gthread; `accept` steps aside while another worker holds fewer connections (for DEFER_S at most)."""
+    """gthread; `accept` steps aside while another worker holds fewer connections (for DEFER_S at most), and a
+    thread serves its client's next request when it comes within linger_s."""
 
     spread: tuple[Spread, int] | None = None
+    linger_s = LINGER_S
     _waiting_since: float | None = None
     _offered = False  # the listener was readable in this round of events
 
@@ -95,6 +114,15 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         if not self._offered:  # nothing waited to be accepted: the next connection starts its own wait
             self._waiting_since = None
         self._publish()
+
+    def handle(self, conn: Any) -> Any:
+        """gthread's, then the same client's next requests in this thread while they come within linger_s and the
+        worker holds no more connections than threads (so that a lingering thread keeps nobody waiting)."""
+        keepalive = super().handle(conn)
+        while (keepalive is True and self.alive and self.nr_conns <= self.cfg.threads
+               and next_request_within(conn, self.linger_s)):
+            keepalive = super().handle(conn)
+        return keepalive
 
     def handle_request(self, req: Any, conn: Any) -> Any:
         if self.spread is not None:

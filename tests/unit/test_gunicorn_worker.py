@@ -1,12 +1,20 @@
 """The balanced gthread worker's decisions (app/gunicorn_worker.py): which worker takes a new connection, when
-a kept-alive one moves, and the master's slots. tests/integration/test_connection_spread.py runs it in gunicorn."""
+a kept-alive one moves, the master's slots, and when a thread serves its client's next request itself.
+tests/integration/test_connection_spread.py runs it in gunicorn."""
 
 from __future__ import annotations
 
+import io
+import socket
+from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from gunicorn.workers.gthread import ThreadWorker
 
 from app.batching import triton_senders
-from app.gunicorn_worker import DEFER_S, NOT_ACCEPTING, Spread, should_move, should_wait
+from app.gunicorn_worker import DEFER_S, NOT_ACCEPTING, BalancedThreadWorker, Spread, should_move, should_wait
 
 
 def test_a_new_connection_waits_for_a_worker_holding_fewer_but_never_past_the_deferral() -> None:
@@ -51,3 +59,75 @@ def test_the_workers_together_keep_one_triton_request_per_model_instance_in_flig
     assert triton_senders(instances=2, workers=1) == 2
     assert triton_senders(instances=2, workers=4) == 1
     assert triton_senders(instances=3, workers=2) == 2
+
+
+class Linger:
+    """A BalancedThreadWorker around one connection (a socket pair), gthread's own handle() replaced by one that
+    takes one byte (one request) and answers `keepalive`: what the loop around it does is what is tested."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, threads: int = 4, connections: int = 1) -> None:
+        self.client, server = socket.socketpair()
+        self.conn = SimpleNamespace(sock=server, parser=SimpleNamespace(unreader=SimpleNamespace(buf=io.BytesIO())))
+        self.worker: Any = object.__new__(BalancedThreadWorker)
+        self.worker.alive, self.worker.nr_conns = True, connections
+        self.worker.cfg = SimpleNamespace(threads=threads)
+        self.worker.linger_s = 0.02
+        self.keepalive: bool = True
+        self.served: list[bytes] = []
+
+        def one_request(worker: Any, conn: Any) -> bool:
+            buffered = conn.parser.unreader.buf.getvalue()
+            conn.parser.unreader.buf = io.BytesIO(buffered[1:])
+            self.served.append(buffered[:1] or conn.sock.recv(1))
+            return self.keepalive
+
+        monkeypatch.setattr(ThreadWorker, "handle", one_request)
+
+    def close(self) -> None:
+        self.client.close()
+        self.conn.sock.close()
+
+
+@pytest.fixture
+def linger(monkeypatch: pytest.MonkeyPatch) -> Iterator[Linger]:
+    made = Linger(monkeypatch)
+    yield made
+    made.close()
+
+
+def test_a_thread_serves_the_requests_its_client_sends_next_then_hands_the_idle_client_back(linger: Linger) -> None:
+    linger.client.sendall(b"abc")
+    assert linger.worker.handle(linger.conn) is True  # kept alive: back to gthread's poller
+    assert linger.served == [b"a", b"b", b"c"]
+
+
+def test_bytes_already_read_ahead_are_a_next_request_too(linger: Linger) -> None:
+    linger.client.sendall(b"a")
+    linger.conn.parser.unreader.buf = io.BytesIO(b"b")  # gunicorn read past the first request's body
+    linger.worker.handle(linger.conn)
+    assert linger.served == [b"b", b"a"]
+
+
+def test_an_answer_that_closes_the_connection_ends_it_even_with_a_request_waiting(linger: Linger) -> None:
+    linger.keepalive = False
+    linger.client.sendall(b"ab")
+    assert linger.worker.handle(linger.conn) is False
+    assert linger.served == [b"a"]
+
+
+def test_a_stopping_worker_hands_the_connection_back(linger: Linger) -> None:
+    linger.worker.alive = False
+    linger.client.sendall(b"ab")
+    linger.worker.handle(linger.conn)
+    assert linger.served == [b"a"]
+
+
+def test_no_thread_lingers_while_the_worker_holds_more_connections_than_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    crowded = Linger(monkeypatch, threads=4, connections=5)  # a lingering thread would keep another client waiting
+    try:
+        crowded.client.sendall(b"ab")
+        assert crowded.worker.handle(crowded.conn) is True
+        assert crowded.served == [b"a"]
+    finally:
+        crowded.close()
