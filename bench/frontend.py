@@ -32,6 +32,7 @@ from modelrepo.standin import write_standin_repo
 
 ROOT = stack.ROOT
 MODEL = "resnet50"
+NGINX_PER_CLIENT = 32  # /predict one client address may have in progress at nginx (deploy/nginx, limit_conn)
 
 
 def model_interface(repo: Path, model: str = MODEL) -> tuple[str, list[int], str, int]:
@@ -184,8 +185,7 @@ class FrontRun(Run):
 def proxied_row(front: FrontRun, triton: Any, tpid: int, transport: str) -> None:
     """One more row: a fresh shim with `transport` behind nginx as deployed (deploy/nginx: its edge and admission
     servers, the access log sent to the shim), nginx's CPU per image beside the shim's: the proxy's share of a
-    host. At the lowest client count only: nginx lets one client address hold 32 /predict at once, and every
-    client here is 127.0.0.1."""
+    host. At the lowest client count only, and at most NGINX_PER_CLIENT: every client here is 127.0.0.1."""
     if proxy.nginx_binary() is None:
         print(f"note: no nginx row ({proxy.MISSING})", flush=True)
         return
@@ -203,7 +203,7 @@ def proxied_row(front: FrontRun, triton: Any, tpid: int, transport: str) -> None
                               nginx.url, front.predict_requests(nginx.url), b'"predictions"',
                               {"shim": (served.process.pid,), "nginx": (nginx.process.pid,), "triton": (tpid,)},
                               transport=transport, shim_metrics=served.url + "/metrics",
-                              triton_metrics=triton.metrics_url, levels=[min(front.args.levels)])
+                              triton_metrics=triton.metrics_url, levels=[min(*front.args.levels, NGINX_PER_CLIENT)])
         finally:
             front.stopper.later(nginx.stop)
 
