@@ -124,7 +124,7 @@ bench: install
 bench-quick: install
 	$(PY) -m bench --quick $(BENCH_ARGS)
 
-bench-frontend: install
+bench-frontend: install nginx  # nginx: the row behind deploy/nginx (the estimate as deployed)
 	$(PY) -m bench --frontend $(BENCH_ARGS)
 
 # The production shim's packages (requirements/shim.txt: numpy 2, no torch, no Triton) and pytest, on another
