@@ -465,7 +465,9 @@ def shim_target(run: Run, config: str, url: str, triton_url: str, triton_metrics
                 settings: str) -> Target:
     served = run.served_config(config, triton_url)
     if config == "triton-instances":
-        label = "(2) shim -> Triton, 2 instances"
+        groups = run.triton_configs[config].get("instance_group") or [{}]
+        count = sum(int(g.get("count", 1)) for g in groups)  # the CPU copy may run one wide instance instead
+        label = f"(2) shim -> Triton, {count} instance{'s' * (count > 1)}"
     else:  # from what Triton serves: an external Triton has its own config
         batching = "dynamic_batching" in run.triton_configs[config]
         label = f"(3) shim -> Triton, {'dynamic batching' if batching else 'no dynamic batching'}"
@@ -597,7 +599,8 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
                 local_triton_configs(run, work, model_pt)
                 notes.append("Triton was the wheel's (nvidia-pytriton), serving a CPU copy of each variant: the "
                              "libtorch model runs in a python-backend stand-in loading the same model.pt, "
-                             "KIND_GPU became KIND_CPU, INTRA_OP_THREAD_COUNT = cores / instances.")
+                             "KIND_GPU became KIND_CPU, its instances on cores / instances threads each, or one "
+                             "instance on every core where this CPU runs that faster (devstack/cpu_layout.py).")
         finally:
             run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after the servers using it
             run.close(settle=not args.both)  # --both: the front-end rows' setup overlaps the last stops

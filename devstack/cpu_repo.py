@@ -1,8 +1,9 @@
 """The CPU copy of a model repository that the wheel's Triton (no libtorch backend, no GPU) can serve
 (docs/model-repository.md): every model and config field kept, but libtorch models run libtorch_standin.py on
 the python backend, KIND_GPU becomes KIND_CPU without GPU accelerators, and a libtorch model without a thread
-count gets cores / instances. Files are linked; the source repository is never written to. gpu=True (a host
-with a GPU: bench/device_check.sh) keeps instance kinds and accelerators.
+count runs its instances on cores / instances threads each, or as one instance on every core where this CPU
+runs that faster (devstack/cpu_layout.py). Files are linked; the source repository is never written to.
+gpu=True (a host with a GPU: bench/device_check.sh) keeps instance kinds and accelerators.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from devstack import cpu_layout
 from devstack.errors import EmbeddedTritonError
 
 if TYPE_CHECKING:
@@ -40,7 +42,9 @@ def is_libtorch(config: mc.ModelConfig) -> bool:
     return bool(config.platform == "pytorch_libtorch" or config.backend == "pytorch")
 
 
-def cpu_config(config: mc.ModelConfig, cpus: int, gpu: bool = False) -> mc.ModelConfig:
+def cpu_config(config: mc.ModelConfig, cpus: int, gpu: bool = False,
+               layout: cpu_layout.Layout | None = None) -> mc.ModelConfig:
+    """`layout`: a libtorch model's instances and threads, where the config names no thread count."""
     out = mc.ModelConfig()
     out.CopyFrom(config)
     for group in [] if gpu else out.instance_group:
@@ -56,10 +60,27 @@ def cpu_config(config: mc.ModelConfig, cpus: int, gpu: bool = False) -> mc.Model
         out.default_model_filename = ""
         if out.HasField("optimization"):
             out.optimization.ClearField("execution_accelerators")
-        instances = sum(max(g.count, 1) for g in out.instance_group) or 1
         if "INTRA_OP_THREAD_COUNT" not in out.parameters:
-            out.parameters["INTRA_OP_THREAD_COUNT"].string_value = str(max(1, cpus // instances))
+            if layout is not None and len(out.instance_group) == 1:
+                out.instance_group[0].count = layout.instances
+            threads = layout.threads if layout is not None else max(1, cpus // instance_count(out))
+            out.parameters["INTRA_OP_THREAD_COUNT"].string_value = str(threads)
     return out
+
+
+def instance_count(config: mc.ModelConfig) -> int:
+    return sum(max(g.count, 1) for g in config.instance_group) or 1
+
+
+def pick_layout(model_dir: Path, config: mc.ModelConfig, cpus: int) -> tuple[cpu_layout.Layout | None, str]:
+    """The CPU layout of a batched one-input libtorch model without a thread count (None: the rule of
+    cpu_config), and why."""
+    fixed = (len(config.input) == 1 and config.input[0].data_type == mc.TYPE_FP32 and config.max_batch_size > 0
+             and len(config.instance_group) == 1 and all(d > 0 for d in config.input[0].dims))
+    if "INTRA_OP_THREAD_COUNT" in config.parameters or not fixed:
+        return None, "the config's layout"
+    return cpu_layout.decide(model_dir.resolve(), config.default_model_filename or "model.pt",
+                             tuple(config.input[0].dims), cpus, instance_count(config))
 
 
 def plan_model(model_dir: Path, cpus: int, gpu: bool = False) -> dict[Path, Entry]:
@@ -68,8 +89,12 @@ def plan_model(model_dir: Path, cpus: int, gpu: bool = False) -> dict[Path, Entr
     config = read_config(config_path)
     libtorch = is_libtorch(config)
     header = GENERATED_HEADER.format(source=config_path)
+    layout = None
+    if libtorch and not gpu:
+        layout, why = pick_layout(model_dir, config, cpus)
+        header += f"# On this machine's {cpus} cores: {why}\n"
     entries: dict[Path, Entry] = {
-        Path("config.pbtxt"): (header + text_format.MessageToString(cpu_config(config, cpus, gpu))).encode()}
+        Path("config.pbtxt"): (header + text_format.MessageToString(cpu_config(config, cpus, gpu, layout))).encode()}
     for path, rel in _walk(model_dir):
         if rel == Path("config.pbtxt"):
             continue
