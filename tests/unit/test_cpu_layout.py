@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,9 +67,12 @@ def small_model(tmp_path: Path) -> Path:
 
 
 @pytest.fixture()
-def layout_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def layout_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A cache file of the test's own, as a fresh process sees it; the machine counts as quiet."""
     cache = tmp_path / "cpu_layouts.json"
     monkeypatch.setattr(cpu_layout, "CACHE", cache)
+    monkeypatch.setattr(cpu_layout, "_TIMED", {})
+    monkeypatch.setattr(cpu_layout, "QUIET_LOAD", float("inf"))
     cpu_layout.decide.cache_clear()
     yield cache
     cpu_layout.decide.cache_clear()
@@ -89,6 +93,7 @@ def test_the_copy_is_timed_once_per_model_and_says_its_layout(tmp_path: Path, sm
 
     # The same weights in another repository, in a new process: read from the cache, not timed again.
     cpu_layout.decide.cache_clear()
+    monkeypatch.setattr(cpu_layout, "_TIMED", {})
     monkeypatch.setattr(cpu_layout, "_measure", lambda *a: pytest.fail("timed again"))
     sync_cpu_repo(tiny_repo(tmp_path / "other", small_model), tmp_path / "cpu2", cpus=2)
     assert (tmp_path / "cpu2" / "resnet50" / "config.pbtxt").read_text().splitlines()[1:] == \
@@ -106,3 +111,17 @@ def test_weights_that_cannot_run_keep_the_configs_layout_and_are_not_remembered(
     assert [g.count for g in config.instance_group] == [2]
     assert config.parameters["INTRA_OP_THREAD_COUNT"].string_value == "1"
     assert not layout_cache.exists()
+
+
+def test_a_timing_on_a_busy_machine_serves_this_process_only(tmp_path: Path, small_model: Path,
+                                                              layout_cache: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_layout, "QUIET_LOAD", -1.0)  # any load average is too busy
+    sync_cpu_repo(tiny_repo(tmp_path / "repo", small_model), tmp_path / "cpu", cpus=2)
+    assert "faster here than" in (tmp_path / "cpu" / "resnet50" / "config.pbtxt").read_text()
+    assert not layout_cache.exists(), "a busy machine's timing must not be remembered for the next start"
+
+    cpu_layout.decide.cache_clear()  # another repository in the same process: its timing is reused
+    monkeypatch.setattr(cpu_layout, "_measure", lambda *a: pytest.fail("timed again"))
+    sync_cpu_repo(tiny_repo(tmp_path / "other", small_model), tmp_path / "cpu2", cpus=2)
+    assert "faster here than" in (tmp_path / "cpu2" / "resnet50" / "config.pbtxt").read_text()
