@@ -74,12 +74,16 @@ def decide(model_dir: Path, filename: str, dims: tuple[int, ...], cpus: int, ins
         quiet = os.getloadavg()[0] <= QUIET_LOAD * cpus
         measured = _measure(model_file, list(dims), sorted({max(1, cpus // instances), cpus}))
         if isinstance(measured, str):  # not remembered on disk: a fixed model is timed in the next process
+            log.warning("the CPU copy of %s keeps the config's layout: timing %s failed: %s", model_dir.name,
+                        model_file, measured)
             return config, f"the config's layout (the timing failed: {measured})"
         timings = _TIMED[key] = measured
         if quiet:  # a busy machine's figure serves this process only: the next start times it again
             _write_cache({**_read_cache(), key: timings})
     chosen, other = choose(cpus, instances, {int(k): float(v) for k, v in timings.items()})
-    return chosen, f"{chosen}, faster here than {other} (devstack/cpu_layout.py)"
+    why = f"{chosen}, faster here than {other} (devstack/cpu_layout.py)"
+    log.info("the CPU copy of %s runs %s", model_dir.name, why)
+    return chosen, why
 
 
 def _key(model_file: Path, dims: list[int], cpus: int) -> str:

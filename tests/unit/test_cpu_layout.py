@@ -4,6 +4,7 @@ core where this machine runs that faster (devstack/cpu_layout.py)."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,14 +80,16 @@ def layout_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
 
 
 def test_the_copy_is_timed_once_per_model_and_says_its_layout(tmp_path: Path, small_model: Path,
-                                                              layout_cache: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    sync_cpu_repo(tiny_repo(tmp_path / "repo", small_model), tmp_path / "cpu", cpus=2)
+                                                              layout_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="embedded_triton"):
+        sync_cpu_repo(tiny_repo(tmp_path / "repo", small_model), tmp_path / "cpu", cpus=2)
     (timings,) = json.loads(layout_cache.read_text()).values()
     assert set(timings) == {"1", "2"} and all(0 < v < 10 for v in timings.values()), timings
     chosen, other = choose(2, 2, {int(k): v for k, v in timings.items()})
     config_text = (tmp_path / "cpu" / "resnet50" / "config.pbtxt").read_text()
     assert f"# On this machine's 2 cores: {chosen}, faster here than {other}" in config_text
+    assert f"the CPU copy of resnet50 runs {chosen}, faster here than {other}" in caplog.text  # make run's log
     config = read_config(tmp_path / "cpu" / "resnet50" / "config.pbtxt")
     assert [g.count for g in config.instance_group] == [chosen.instances]
     assert config.parameters["INTRA_OP_THREAD_COUNT"].string_value == str(chosen.threads)
