@@ -43,12 +43,17 @@ class Layout:
                f"{'s' * (self.threads > 1)}{rate}"
 
 
+def shared(cpus: int, instances: int) -> Layout:
+    """The config's instances sharing the cores: the layout unless one wide instance clearly wins."""
+    return Layout(instances, max(1, cpus // instances))
+
+
 def choose(cpus: int, instances: int, seconds_per_image: dict[int, float]) -> tuple[Layout, Layout]:
     """(the layout to run, the one it beat) from one instance's seconds per image at each thread count.
     `instances` narrow instances are counted as if they never slowed each other (they do: memory bandwidth),
     and the wide one must serve MARGIN more: the config's layout stays unless the other clearly wins (a timing
     on a busy machine favours it too: threads that wait for a busy core slow the wide instance most)."""
-    narrow_threads = max(1, cpus // instances)
+    narrow_threads = shared(cpus, instances).threads
     narrow_rate, wide_rate = instances / seconds_per_image[narrow_threads], 1 / seconds_per_image[cpus]
     narrow, wide = Layout(instances, narrow_threads, narrow_rate), Layout(1, cpus, wide_rate)
     return (wide, narrow) if wide_rate > MARGIN * narrow_rate else (narrow, wide)
@@ -60,7 +65,7 @@ def decide(model_dir: Path, filename: str, dims: tuple[int, ...], cpus: int, ins
     config's count) on `cpus` cores, and a line that says why. Decided once per model in a process: a new
     version served beside the others (a hot reload) keeps the layout, and the copy, synced every few seconds,
     is not timed again."""
-    config = Layout(instances, max(1, cpus // instances))
+    config = shared(cpus, instances)
     versions = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
     if cpus < 2 or instances < 2 or not versions:
         return config, "the config's layout (nothing else to try)"
@@ -72,7 +77,7 @@ def decide(model_dir: Path, filename: str, dims: tuple[int, ...], cpus: int, ins
     timings = _TIMED.get(key) or _read_cache().get(key)
     if timings is None:
         quiet = os.getloadavg()[0] <= QUIET_LOAD * cpus
-        measured = _measure(model_file, list(dims), sorted({max(1, cpus // instances), cpus}))
+        measured = _measure(model_file, list(dims), sorted({config.threads, cpus}))
         if isinstance(measured, str):  # not remembered on disk: a fixed model is timed in the next process
             log.warning("the CPU copy of %s keeps the config's layout: timing %s failed: %s", model_dir.name,
                         model_file, measured)
@@ -124,8 +129,8 @@ def _write_cache(cache: dict[str, dict[str, float]]) -> None:
 
 def _measure(model_file: Path, dims: list[int], threads: list[int]) -> dict[str, float] | str:
     """Seconds per image at each thread count, or why they could not be measured."""
-    log.info("timing %s on %s threads to pick the CPU copy's instance layout (once per model and machine) ...",
-             model_file, " and ".join(map(str, threads)))
+    log.info("timing %s on %s threads to pick the CPU copy's instance layout (remembered per weights and "
+             "machine when it is quiet) ...", model_file, " and ".join(map(str, threads)))
     try:
         done = subprocess.run([sys.executable, "-m", "devstack.cpu_layout", str(model_file), json.dumps(dims),
                                json.dumps(threads)], capture_output=True, text=True, timeout=TIMEOUT_S,

@@ -63,7 +63,7 @@ def cpu_config(config: mc.ModelConfig, cpus: int, gpu: bool = False,
         if "INTRA_OP_THREAD_COUNT" not in out.parameters:
             if layout is not None and len(out.instance_group) == 1:
                 out.instance_group[0].count = layout.instances
-            threads = layout.threads if layout is not None else max(1, cpus // instance_count(out))
+            threads = (layout or cpu_layout.shared(cpus, instance_count(out))).threads
             out.parameters["INTRA_OP_THREAD_COUNT"].string_value = str(threads)
     return out
 
