@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 from pathlib import Path
 
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
@@ -13,7 +12,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from app import bodies, contract, metrics
 from app.errors import BackendError, MissingImage, ShimError
-from app.logs import REQUEST_ID
+from app.logs import REQUEST_ID, new_request_id
 from app.routing import RequestContext, describe
 from app.uploads import image_from_form
 from app.wiring import Shim
@@ -35,7 +34,7 @@ def shim() -> Shim:
 @bp.before_app_request
 def _start() -> None:
     offered = request.headers.get(REQUEST_ID_HEADER, "")
-    g.request_id = offered if _VALID_REQUEST_ID.match(offered) else uuid.uuid4().hex
+    g.request_id = offered if _VALID_REQUEST_ID.match(offered) else new_request_id()
     g.token = REQUEST_ID.set(g.request_id)
     g.started, g.cpu_started = time.perf_counter(), time.thread_time()
     bodies.guard(request.environ, current_app.config["MAX_CONTENT_LENGTH"])

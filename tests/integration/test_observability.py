@@ -171,6 +171,19 @@ def requests_total(url: str) -> float:
     return promtext.total(promtext.scrape(url + "/metrics"), "shim_requests_total")
 
 
+def logged(served: ServedApp, request_ids: set[str]) -> list[dict[str, object]]:
+    """The lines of these requests, once every one has been written: lines below WARNING are written in batches
+    within app/logs.py's FLUSH_S, not with each answer."""
+    found: list[dict[str, object]] = []
+
+    def all_there() -> bool:
+        found[:] = [line for line in log_lines(served) if line.get("request_id") in request_ids]
+        return {line["request_id"] for line in found} == request_ids
+
+    wait_until(all_there, 10, f"the log lines of {len(request_ids)} requests")
+    return found
+
+
 def log_lines(served: ServedApp) -> list[dict[str, object]]:
     lines = []
     for line in served.log_path.read_text(errors="replace").splitlines():
@@ -193,7 +206,7 @@ def test_the_request_counter_counts_every_request_whichever_worker_answered(shim
         assert {a.status_code for a in predict(shim_triton.url, jpeg, ids)} == {200}
         sent += ids
         mine = set(ids)
-        workers |= {line["pid"] for line in log_lines(shim_triton) if line.get("request_id") in mine}
+        workers |= {line["pid"] for line in logged(shim_triton, mine)}
         if len(workers) == 2:
             break
     assert requests_total(shim_triton.url) - before == len(sent)
@@ -205,7 +218,7 @@ def test_a_client_request_id_comes_back_and_is_in_the_log_line_of_its_request(sh
     request_id = f"client-{uuid.uuid4().hex}"
     (answer,) = predict(shim_triton.url, encode(photo(200, 150, seed=3)), [request_id])
     assert answer.status_code == 200 and answer.headers["X-Request-ID"] == request_id
-    lines = [line for line in log_lines(shim_triton) if line.get("request_id") == request_id]
+    lines = logged(shim_triton, {request_id})
     assert [line["message"] for line in lines] == ["POST /predict 200"], lines
     assert lines[0]["status"] == 200 and isinstance(lines[0]["pid"], int)
 
