@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from app.errors import SettingsError
 
 if TYPE_CHECKING:
-    from app.preprocess import ImageSpec
     from app.settings import Settings
 
 FILENAME = "model.toml"
@@ -182,14 +181,6 @@ class ModelDescription:
 
     def model_file(self, version: int | str = 1) -> Path:
         return self.folder / str(version) / "model.pt"
-
-    def spec(self) -> ImageSpec:
-        """The shim's preprocessing for this model (app/preprocess.py), built once."""
-        from app.preprocess import ImageSpec
-
-        return ImageSpec(resize=self.resize, crop=self.crop, mean=self.mean, std=self.std,
-                         interpolation=self.interpolation, max_size=self.max_size, color=self.color,
-                         to_float=self.to_float)
 
     def parameters(self) -> dict[str, str]:
         """What the generated config.pbtxt carries as `parameters`, as strings a python-backend model reads;
@@ -446,7 +437,6 @@ class Served:
     """What the shim serves, resolved once at start: the description and the settings that override parts of it."""
 
     description: ModelDescription
-    spec: ImageSpec
     labels: tuple[str, ...]
     labels_path: Path
     legacy_model_path: Path
@@ -462,7 +452,7 @@ def resolve(settings: Settings) -> Served:
     description = load(settings.description_path)
     labels = read_labels(description.labels)
     check_labels(description, labels, description.labels)
-    return Served(description=description, spec=description.spec(), labels=labels, labels_path=description.labels,
+    return Served(description=description, labels=labels, labels_path=description.labels,
                   legacy_model_path=description.model_file(), top_k=description.top_k)
 
 

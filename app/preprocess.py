@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -16,6 +17,9 @@ from PIL import Image, UnidentifiedImageError
 
 from app.description import CROP, IMAGENET_MEAN, IMAGENET_STD, INTERPOLATION, INTERPOLATIONS, RESIZE, Size, pair
 from app.errors import EmptyImage, InvalidImage, TooLarge
+
+if TYPE_CHECKING:
+    from app.description import ModelDescription
 
 MAX_IMAGE_PIXELS = 40_000_000  # larger uploads are refused before they are decoded (decompression bombs)
 # Each interpolation a description may name -> the Pillow filter torchvision's PIL path uses for it.
@@ -49,6 +53,13 @@ class ImageSpec:
         mean = np.asarray(self.mean, dtype=np.float32)[:, None]
         std = np.asarray(self.std, dtype=np.float32)[:, None]
         object.__setattr__(self, "table", (values[None, :] - mean) / std)  # Normalize: sub, then div
+
+    @classmethod
+    def of(cls, description: ModelDescription) -> ImageSpec:
+        """The shim's preprocessing for a model, from its description's [preprocess]."""
+        d = description
+        return cls(resize=d.resize, crop=d.crop, mean=d.mean, std=d.std, interpolation=d.interpolation,
+                   max_size=d.max_size, color=d.color, to_float=d.to_float)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -14,7 +14,7 @@ from app.breaker import CircuitBreaker
 from app.capabilities import check_start
 from app.capture import Capture
 from app.description import Served, pair, resolve
-from app.preprocess import configure_pillow
+from app.preprocess import ImageSpec, configure_pillow
 from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
 from app.readiness import SharedCheck
 from app.rollback import AutoRollback
@@ -50,7 +50,7 @@ def triton_backend(settings: Settings, served: Served, *, max_batch_size: int | 
 
     description = served.description
     target = Target(url=settings.triton_host_port, model=description.name, version=settings.model_version,
-                    crop=pair(served.spec.crop), classes=description.classes, parameters=description.parameters(),
+                    crop=pair(description.crop), classes=description.classes, parameters=description.parameters(),
                     uint8_model=description.uint8_model,
                     encoded_model=description.encoded_model,
                     decode_parameters=description.decode_parameters(), encoded_refusal=description.encoded_refusal())
@@ -67,7 +67,8 @@ def build_backends(settings: Settings, served: Served) -> dict[str, Backend]:
     return {
         TRITON: triton_backend(settings, served),
         LEGACY: LegacyBackend(model_path=served.legacy_model_path, threads=0,  # torch's own: OMP_NUM_THREADS
-                              max_batch_size=settings.max_batch_size, image_shape=served.spec.shape,
+                              max_batch_size=settings.max_batch_size,
+                              image_shape=ImageSpec.of(served.description).shape,
                               classes=served.description.classes),
     }
 
@@ -77,7 +78,8 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     metrics.initialize()
     served = resolve(settings)  # the model's description (SHIM_MODEL_REPOSITORY/SHIM_MODEL_NAME/model.toml)
     scores = SCORE_FUNCTIONS[served.description.scores]
-    configure_pillow(served.spec)
+    spec = ImageSpec.of(served.description)
+    configure_pillow(spec)
     chosen = dict(backends) if backends is not None else build_backends(settings, served)
     legacy = chosen[LEGACY]
     legacy_lacks = legacy.missing if isinstance(legacy, MayLack) else lambda: None
@@ -110,6 +112,6 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
         chosen[LEGACY].start()  # load now, in the background, rather than on the first request
     capture = Capture(settings.capture_dir) if settings.capture_dir else None
-    service = PredictService(model_name=served.name, spec=served.spec, labels=served.labels, top_k=served.top_k,
+    service = PredictService(model_name=served.name, spec=spec, labels=served.labels, top_k=served.top_k,
                              router=router, upstream=upstream, admission=admission, capture=capture, scores=scores)
     return Shim(settings=settings, service=service, router=router, admission=admission)

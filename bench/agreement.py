@@ -24,7 +24,7 @@ import numpy as np
 
 from app import scores as score_functions
 from app.description import compare_parameters
-from app.preprocess import decode, to_tensor
+from app.preprocess import ImageSpec, decode, to_tensor
 from app.sniff import cpu_reason
 from bench import corpus, reference_model
 from modelrepo import generate as model_repo
@@ -128,7 +128,7 @@ def measure(items: Sequence[corpus.Item], step: DecodeStep, description: ModelDe
     import torch
 
     step.check(description)
-    spec = description.spec()
+    spec = ImageSpec.of(description)
     started = time.monotonic()
     legacy = [to_tensor(decode(item.data, spec), spec) for item in items]
     encoded = encoded_tensors(items, step, spec, concurrency)

@@ -335,7 +335,7 @@ def smoke(triton: Any, plan: Plan) -> dict[str, Any]:
     import tritonclient.http as httpclient
 
     from app.description import load
-    from app.preprocess import decode, to_tensor
+    from app.preprocess import ImageSpec, decode, to_tensor
     from bench import stack
 
     description = load(Path(triton.config.model_repository) / DESCRIBED / "model.toml")
@@ -366,7 +366,7 @@ def smoke(triton: Any, plan: Plan) -> dict[str, Any]:
         sent = httpclient.InferInput("encoded", [1, 1], "BYTES")  # one upload per row, as the shim batches them
         sent.set_data_from_numpy(np.array([[jpeg]], dtype=object), binary_data=True)
         got = client.infer(description.decode_model, [sent]).as_numpy("decoded")
-        cpu = to_tensor(decode(jpeg, description.spec()), description.spec())
+        cpu = to_tensor(decode(jpeg, ImageSpec.of(description)), ImageSpec.of(description))
         std = np.asarray(description.std, np.float32).reshape(3, 1, 1)
         levels = np.abs(np.asarray(got).reshape(cpu.shape) - cpu) * std * 255
         out["through_triton"] = {"dtype": str(got.dtype), "shape": list(got.shape),

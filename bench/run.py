@@ -226,7 +226,9 @@ class Run:
         self._csv.writerow(["config", "clients", "phase", "start_s", "latency_ms", "error", "client"])
         self.jpegs = stack.sample_jpegs(IMAGES, *IMAGE_SIZE)
         description = getattr(args, "description", None)
-        self.ready_tensors = stack.ready_tensors(self.jpegs, description.spec() if description else None)
+        from app.preprocess import ImageSpec
+
+        self.ready_tensors = stack.ready_tensors(self.jpegs, ImageSpec.of(description) if description else None)
         self.stopper = stack.Stopper()  # servers stop in the background; every window waits for them first
 
     def close(self, settle: bool = True) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from app.description import COLORS, DescriptionError, ModelDescription, description_path, load, pair, parse
 from app.errors import ShimError
-from app.preprocess import decode, to_tensor
+from app.preprocess import ImageSpec, decode, to_tensor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -330,7 +330,7 @@ def compare(transform: Callable[[Any], Any], description: ModelDescription,
     """Every image both ways: the legacy tensor against the shim's, through `description`."""
     from PIL import Image
 
-    spec = description.spec()
+    spec = ImageSpec.of(description)
     compared = []
     for name, data in images:
         try:

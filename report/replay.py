@@ -130,7 +130,7 @@ class InProcess:
         if legacy_model is not None:
             self.served = dataclasses.replace(self.served, legacy_model_path=legacy_model)
         description = self.served.description
-        self.spec, self.labels = self.served.spec, self.served.labels
+        self.spec, self.labels = ImageSpec.of(self.served.description), self.served.labels
         self.scores = SCORE_FUNCTIONS[description.scores]
         self.k = k if k is not None else self.served.top_k
         if not self.served.legacy_model_path.is_file():

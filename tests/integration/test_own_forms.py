@@ -144,7 +144,7 @@ def test_the_encoded_transport_serves_the_form(form: Form, forms_triton: Embedde
     torch resize against Pillow's, tests/unit/test_decode_step.py)."""
     import tritonclient.http as httpclient
 
-    from app.preprocess import decode, to_tensor
+    from app.preprocess import ImageSpec, decode, to_tensor
     from examples import transforms as team
     from tests.integration.test_encoded import kinds
 
@@ -159,7 +159,7 @@ def test_the_encoded_transport_serves_the_form(form: Form, forms_triton: Embedde
                 want = getattr(team, d.name)(Image.open(io.BytesIO(data)).convert("RGB")).numpy()
                 np.testing.assert_array_equal(got, want, err_msg=name)
             else:
-                want = to_tensor(decode(data, d.spec()), d.spec())
+                want = to_tensor(decode(data, ImageSpec.of(d)), ImageSpec.of(d))
                 assert got.shape == want.shape == d.input_shape
                 assert np.abs(got - want).max() <= 2 / 255 / min(d.std) * 1.001, name
     finally:

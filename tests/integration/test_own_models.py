@@ -27,7 +27,7 @@ import pytest
 import requests
 
 from app.description import ModelDescription, load
-from app.preprocess import crop, decode, normalize
+from app.preprocess import ImageSpec, crop, decode, normalize
 from devstack import EmbeddedTriton, launch
 from devstack.launch import ServedApp
 from devstack.promtext import scrape, total
@@ -127,7 +127,7 @@ def test_the_uint8_ensemble_with_the_models_own_normalize_gives_the_tensors_answ
                                                                                    triton_client: object) -> None:
     import tritonclient.http as httpclient
 
-    spec = own.description.spec()
+    spec = ImageSpec.of(own.description)
     images = [decode(encode(photo(500 + 40 * i, 380, seed=90 + i)), spec) for i in range(3)]
     pixels = np.stack([crop(image, spec) for image in images])
     tensors = np.stack([normalize(p, spec) for p in pixels])
@@ -218,7 +218,7 @@ def test_the_encoded_transport_answers_like_the_models_own_legacy_app(own: Own, 
         pytest.skip("the session's Triton serves the encoded transport of one own model (tests/conftest.py)")
     d = own.description
     uploads = [(u.name, u.files["image"][1]) for u in UPLOADS] + list(kinds().items())
-    forwarded = [(name, data) for name, data in uploads if cpu_reason(data, d.spec()) is None]
+    forwarded = [(name, data) for name, data in uploads if cpu_reason(data, ImageSpec.of(d)) is None]
     assert len(forwarded) >= 8, [n for n, _ in forwarded]
     shim = launch.start_shim(tmp_path_factory.mktemp(f"encoded-{own.name}"), {
         "SHIM_TRITON_URL": triton.http_url, "SHIM_MODEL_REPOSITORY": str(own.repo), "SHIM_MODEL_NAME": own.name,
@@ -250,7 +250,7 @@ def test_the_encoded_transport_answers_like_the_models_own_legacy_app(own: Own, 
     level = 1 / 255 / max(d.std)
     for name, data in forwarded:
         got = decode_step(triton_client, data, d.decode_model)[0]
-        want = to_tensor(decode(data, d.spec()), d.spec())
+        want = to_tensor(decode(data, ImageSpec.of(d)), ImageSpec.of(d))
         assert np.abs(got - want).max() <= level * 1.001, (name, np.abs(got - want).max() / level)
 
 

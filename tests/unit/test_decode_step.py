@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from app.description import DECODE_PARAMETERS, ENCODED_INTERPOLATIONS, INTERPOLATIONS, ModelDescription, parse
-from app.preprocess import resized_size, to_tensor
+from app.preprocess import ImageSpec, resized_size, to_tensor
 from modelrepo import generate as model_repo
 from modelrepo.triton_models import decode
 from tests.support import photo
@@ -56,7 +56,7 @@ def test_the_steps_resize_geometry_is_the_shims() -> None:
 def test_the_decode_step_gives_the_legacy_tensor(interpolation: str, resize: int, crop: int,
                                                  max_size: int | None) -> None:
     d = description(interpolation, resize, crop, max_size, mean=(0.5, 0.45, 0.4))
-    spec = d.spec()
+    spec = ImageSpec.of(d)
     level = 1 / 255 / np.asarray(spec.std, dtype=np.float32)[:, None, None]
     worst = 0.0
     for width, height in SIZES:
@@ -70,7 +70,7 @@ def test_the_decode_step_gives_the_legacy_tensor(interpolation: str, resize: int
 
 def test_the_padding_of_a_small_image_is_zero_pixels_as_centercrop_pads() -> None:
     d = description("bilinear", 160, 200, 180)
-    spec = d.spec()
+    spec = ImageSpec.of(d)
     pixels = photo(640, 480, seed=3)  # resizes to 180 x 135: padded to 200 x 200
     got, want = step_tensor(d.decode_parameters(), pixels), to_tensor(Image.fromarray(pixels), spec)
     np.testing.assert_array_equal(got[:, :32, :], want[:, :32, :])  # the top band is padding alone
@@ -140,7 +140,7 @@ def test_v2s_tensor_resize_form_is_the_legacy_v2_transform_bit_for_bit() -> None
 @pytest.mark.parametrize("name", ["squash_app", "wide_app"])
 def test_fixed_size_and_non_square_forms_give_the_legacy_tensors_shape_within_the_steps_levels(name: str) -> None:
     d = form(name)
-    spec = d.spec()
+    spec = ImageSpec.of(d)
     level = 1 / 255 / np.asarray(spec.std, dtype=np.float32)[:, None, None]
     for width, height in SIZES:
         pixels = photo(width, height, seed=width + height)

@@ -20,6 +20,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from app.description import DescriptionError, load, parse, resolve
+from app.preprocess import ImageSpec
 from app.settings import Settings
 from modelrepo import export as export_model
 from modelrepo import generate as model_repo
@@ -70,7 +71,7 @@ def test_the_defaults_are_todays_resnet50() -> None:
         "resnet50", 256, 224, "bilinear", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     assert (d.classes, d.scores, d.top_k, d.uint8_model, d.normalize_model) == (
         1000, "softmax", 5, "resnet50_uint8", "normalize")
-    spec = d.spec()
+    spec = ImageSpec.of(d)
     assert (spec.resize, spec.crop, spec.interpolation, spec.shape) == (256, 224, "bilinear", (3, 224, 224))
     assert d.parameters() == {"resize": "256", "crop": "224", "interpolation": "bilinear",
                               "mean": "0.485,0.456,0.406", "std": "0.229,0.224,0.225", "color": "convert",
@@ -313,7 +314,7 @@ def test_the_forms_fields_read_and_their_wrong_values_name_the_field(tmp_path: P
     assert wide.input_shape == (3, 224, 288) and wide.parameters()["crop"] == "224,288"
     v2 = pre('resize_on = "tensor"\nto_float = "multiply"\n')
     assert v2.tolerance > 0 and pre("").tolerance == 0
-    assert v2.spec().to_float == "multiply" and v2.parameters()["resize_on"] == "tensor"
+    assert ImageSpec.of(v2).to_float == "multiply" and v2.parameters()["resize_on"] == "tensor"
     refused = {'resize_on = "tensor"\nantialias = false\n': r"\[preprocess\] antialias = False is not valid",
                'resize_on = "tensor"\ninterpolation = "nearest"\n': r"interpolation = 'nearest' .*resize_on",
                'resize_on = "gpu"\n': r"resize_on = 'gpu' is not valid: expected pil .* \| tensor",
