@@ -73,12 +73,17 @@ _BUFFERED: weakref.WeakSet[BufferedStreamHandler] = weakref.WeakSet()
 
 
 def _flush_before_fork() -> None:
-    """A fork copies what waits: write it first, or the child writes the parent's lines again."""
+    """A fork copies what waits: the parent writes it first, the child drops what another thread added since."""
     for handler in list(_BUFFERED):
         handler.flush()
 
 
-os.register_at_fork(before=_flush_before_fork)
+def _drop_in_child() -> None:
+    for handler in list(_BUFFERED):
+        handler._lines, handler._size = [], 0
+
+
+os.register_at_fork(before=_flush_before_fork, after_in_child=_drop_in_child)
 
 
 class _RequestIds:
