@@ -142,6 +142,29 @@ def ceiling_table(ceiling: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def perf_analyzer_lines(found: dict[str, Any] | None, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Triton's perf_analyzer beside the direct row: the same Triton, model and clients (bench/perf_analyzer.py)."""
+    if not found or (not found["rows"] and not found.get("skipped")):
+        return []
+    lines = ["## Triton's own perf_analyzer beside the direct row", ""]
+    if found.get("skipped"):
+        lines += [f"Skipped: {found['skipped']}.", ""]
+    if not found["rows"]:
+        return lines
+    direct = _by(rows, "direct")
+    lines += ["Batch-1 binary FP32 requests of random data to the same Triton and model, closed loop, three windows "
+              "as long as the direct row's warm-up and measurement together; the direct row sends the benchmark's "
+              f"images as ready tensors ({found.get('tool', 'perf_analyzer')}). Commands and logs in logs/.", "",
+              *_head(["clients", "perf_analyzer infer/s", "p50 ms", "p99 ms", "direct row QPS", "direct p99 ms",
+                      "direct / perf_analyzer QPS"])]
+    for r in found["rows"]:
+        ours = direct.get(r["concurrency"], {})
+        ratio = ours["qps"] / r["qps"] if ours.get("qps") and r["qps"] else None
+        lines.append(_row([r["concurrency"], _f(r["qps"]), _f(r["p50_ms"]), _f(r["p99_ms"]), _f(ours.get("qps")),
+                           _f(ours.get("p99_ms")), _f(ratio, 2)]))
+    return [*lines, ""]
+
+
 def intro(report: dict[str, Any], *packages: str) -> list[str]:
     """The command, when and on what machine: a report's first lines."""
     m = report["machine"]
@@ -187,6 +210,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         *breakdown_table(rows),
         "",
+        *perf_analyzer_lines(report.get("perf_analyzer"), rows),
         "## The load generator's own ceiling",
         "",
         "The same requests against a stub server that reads each one whole and answers `ok` (both on this "

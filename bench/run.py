@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app import settings as shim_settings
-from bench import stack
+from bench import perf_analyzer, stack
 from bench.loadgen import Job, LoadGenerator, Outcome, StubServer, multipart_request, post_request
 from bench.report import NUMBER, ORDER, SEED_ROWS, cpu_columns, markdown, plot, ratios, summarize
 from devstack import launch
@@ -230,6 +230,7 @@ class Run:
 
         self.ready_tensors = stack.ready_tensors(self.jpegs, ImageSpec.of(description) if description else None)
         self.stopper = stack.Stopper()  # servers stop in the background; every window waits for them first
+        self.perf_analyzer: dict[str, Any] = {"rows": [], "skipped": None}  # bench/perf_analyzer.py's rows
 
     def close(self, settle: bool = True) -> None:
         """settle=False: servers still stopping go on in the background (the next part of --both waits)."""
@@ -252,6 +253,32 @@ class Run:
                              "quick": a.quick, "loadgen_processes": a.loadgen_processes, **settings},
                 "configurations": self.configurations, "triton_configs": self.triton_configs, "results": self.rows,
                 "notes": notes, **fields}
+
+    def measure_perf_analyzer(self, triton_url: str) -> None:
+        """Triton's own perf_analyzer at each level, after the direct row on the same Triton (not in --quick:
+        make test checks the tool itself, tests/integration/test_perf_analyzer.py)."""
+        if self.args.quick:
+            self.perf_analyzer["skipped"] = "--quick"
+            return
+        tool, why = perf_analyzer.find_or_install()
+        if tool is None:
+            self.perf_analyzer["skipped"] = why
+            print(f"note: {why}; the perf_analyzer rows are skipped", flush=True)
+            return
+        self.perf_analyzer["tool"] = why
+        for concurrency in self.args.levels:
+            print(f"  perf_analyzer -> Triton c={concurrency} ...", flush=True)
+            self.stopper.settle()
+            try:
+                row = perf_analyzer.measure(tool, triton_url, self.args.model_name, concurrency,
+                                            self.args.warmup + self.args.duration, self.logs)
+            except RuntimeError as e:
+                self.perf_analyzer["skipped"] = str(e)
+                print(f"note: {e}", flush=True)
+                return
+            self.perf_analyzer["rows"].append(row)
+            print(f"  perf_analyzer -> Triton c={concurrency}: {row['qps']:.1f} infer/s, p50 {row['p50_ms']:.1f} ms, "
+                  f"p99 {row['p99_ms']:.1f} ms", flush=True)
 
     def predict_requests(self, url: str) -> tuple[bytes, ...]:
         host, port = stack.split_url(url)
@@ -497,6 +524,7 @@ def local_triton_configs(run: Run, work: Path, model_pt: Path) -> None:
         with triton_variant(run, work, stack.Variant("batching", 2, dynamic_batching=True), model_pt) as triton:
             if "direct" in selected:
                 run.measure(direct_target(run, triton.http_url, triton.metrics_url))
+                run.measure_perf_analyzer(triton.http_url)
             if "triton-batching" in selected:
                 with shim(run, triton.http_url) as url:
                     run.measure(shim_target(run, "triton-batching", url, triton.http_url, triton.metrics_url,
@@ -511,6 +539,7 @@ def external_triton_configs(run: Run) -> None:
         metrics = None
     if "direct" in run.args.selected:
         run.measure(direct_target(run, triton_url, metrics))
+        run.measure_perf_analyzer(triton_url)
     if "triton-batching" in run.args.selected:
         if run.args.shim_url:
             url = run.args.shim_url.rstrip("/")
@@ -613,7 +642,7 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
     report = run.report(started, machine, notes, {},
                         model={"arch": arch, "source": model_source, "file": str(model_pt), "name": args.model_name},
                         seed_rows=[dict(r) for r in SEED_ROWS], skipped=skipped, ceiling_duration_s=ceiling_s(args),
-                        loadgen_ceiling=ceiling, ratios=ratios(run.rows))
+                        loadgen_ceiling=ceiling, ratios=ratios(run.rows), perf_analyzer=run.perf_analyzer)
     gpu = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
     plot(run.rows, out / "results.png", f"{arch}, {machine['cpu']}, {machine['usable_cores']} cores, {gpu}")
     latest = out.parent / "latest"
