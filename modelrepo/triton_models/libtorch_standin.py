@@ -1,8 +1,14 @@
 """Python-backend stand-in for a `pytorch_libtorch` model, for Tritons built without libtorch.
 
 devstack/cpu_repo.py copies it as each version's model.py, beside a link to the TorchScript file. It keeps the
-libtorch backend's contract: `input__<i>` / `output__<i>` order, one forward() per merged batch, the thread count
-from INTRA_OP_THREAD_COUNT; a KIND_GPU instance runs the model on its GPU.
+libtorch backend's contract: `input__<i>` / `output__<i>` order, the thread count from INTRA_OP_THREAD_COUNT; a
+KIND_GPU instance runs the model on its GPU, one forward() per merged batch as libtorch does.
+
+On a CPU it answers the requests of a merged batch in their order, in forwards of at least MIN_FORWARD_IMAGES
+images, each request as soon as its forward ends. A CPU forward costs the same per image from a few images up
+(devstack/cpu_layout.py), so one forward of everything merged gains nothing and makes the first requests wait
+for the last: two shim workers' batches of 7 and 5 merged into one of 12 answered the 7 after 360 ms instead of
+210, and those merges were the shim's p99 (bench/RESULTS.md "The CPU copy answers a merged batch in order").
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+MIN_FORWARD_IMAGES = 4  # on a CPU: fewer images per forward cost more per image; more only delay the first
+
 
 def _by_libtorch_index(tensors: list[dict]) -> list[dict]:
     """libtorch binds `name__<i>` tensors by <i>; others keep their config order."""
@@ -24,6 +32,22 @@ def _by_libtorch_index(tensors: list[dict]) -> list[dict]:
         return int(match.group(1)) if match else item[0]
 
     return [t for _, t in sorted(enumerate(tensors), key=index)]
+
+
+def in_order_chunks(sizes: list[int], at_least: int) -> list[range]:
+    """Consecutive requests (by index) in groups of at least `at_least` images, the last group taking the rest."""
+    chunks, start, images = [], 0, 0
+    for i, size in enumerate(sizes):
+        images += size
+        if images >= at_least:
+            chunks.append(range(start, i + 1))
+            start, images = i + 1, 0
+    if start < len(sizes):
+        if chunks and images < at_least:  # a short tail joins the group before it
+            chunks[-1] = range(chunks[-1].start, len(sizes))
+        else:
+            chunks.append(range(start, len(sizes)))
+    return chunks
 
 
 class TritonPythonModel:
@@ -45,29 +69,44 @@ class TritonPythonModel:
         self.outputs = [(t["name"], pb_utils.triton_string_to_numpy(t["data_type"]))
                         for t in _by_libtorch_index(config["output"])]
         self.batched = int(config.get("max_batch_size", 0)) > 0
+        self.in_order = not gpu  # a merged batch answered in order, in forwards of a few images (the docstring)
 
-    def execute(self, requests: list) -> list:
+    def execute(self, requests: list) -> list | None:
         arrays = [[pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.inputs]
                   for r in requests]
-        sizes = [a[0].shape[0] for a in arrays] if self.batched else [0] * len(arrays)
-        try:
-            if self.batched:  # one forward() for everything the dynamic batcher merged
-                merged = [np.concatenate(column) for column in zip(*arrays, strict=True)]
-                results = self._forward(merged)
-                offsets = np.cumsum([0, *sizes])
-                per_request = [[r[offsets[i]:offsets[i + 1]] for r in results] for i in range(len(requests))]
-            else:
-                per_request = [self._forward(a) for a in arrays]
-        except Exception as e:  # the model failed: every request in this batch gets its own error
-            error = pb_utils.TritonError(f"{type(e).__name__}: {e}")
-            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+        if not self.batched:
+            return [self._respond(lambda a=a: [self._forward(a)])[0] for a in arrays]
+        sizes = [a[0].shape[0] for a in arrays]
+        chunks = in_order_chunks(sizes, MIN_FORWARD_IMAGES) if self.in_order else [range(len(requests))]
+        if len(chunks) == 1:  # one forward: the responses go back together, as libtorch's do
+            return self._respond(lambda: self._merged(arrays), len(requests))
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for chunk in chunks:  # each answered as soon as its forward ends
+            responses = self._respond(lambda c=chunk: self._merged([arrays[i] for i in c]), len(chunk))
+            for i, response in zip(chunk, responses, strict=True):
+                try:
+                    requests[i].get_response_sender().send(response, flags=final)
+                except Exception as e:  # this request's sender only (its client gone): the others are answered
+                    pb_utils.Logger.log_warn(f"libtorch stand-in: a response was not sent: {type(e).__name__}: {e}")
+        return None
 
-        responses = []
-        for outs in per_request:
-            tensors = [pb_utils.Tensor(name, out.astype(dtype, copy=False))
-                       for (name, dtype), out in zip(self.outputs, outs, strict=True)]
-            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
-        return responses
+    def _respond(self, run, count: int = 1) -> list:
+        """The responses of `count` requests whose outputs `run` computes; the model failing, each gets the error."""
+        try:
+            per_request = run()
+        except Exception as e:
+            error = pb_utils.TritonError(f"{type(e).__name__}: {e}")
+            return [pb_utils.InferenceResponse(error=error) for _ in range(count)]
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(name, out.astype(dtype, copy=False))
+            for (name, dtype), out in zip(self.outputs, outs, strict=True)]) for outs in per_request]
+
+    def _merged(self, arrays: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """One forward() of the requests' inputs concatenated, its outputs cut back per request."""
+        sizes = [a[0].shape[0] for a in arrays]
+        results = self._forward([np.concatenate(column) for column in zip(*arrays, strict=True)])
+        offsets = np.cumsum([0, *sizes])
+        return [[r[offsets[i]:offsets[i + 1]] for r in results] for i in range(len(arrays))]
 
     def _forward(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         with torch.inference_mode():

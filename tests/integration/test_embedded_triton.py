@@ -94,6 +94,33 @@ def test_metrics_show_that_dynamic_batching_merged_concurrent_requests(triton: E
     assert executions < inferences, f"{executions} executions for {inferences} inferences: nothing was batched"
 
 
+def test_requests_merged_into_one_execution_each_get_their_own_rows(
+        triton: EmbeddedTriton, reference_model: object) -> None:
+    """On a CPU the stand-in answers a merged batch in order, in forwards of a few images each
+    (modelrepo/triton_models/libtorch_standin.py): whichever forward ran it, each request gets its own rows."""
+    before = promtext.scrape(triton.metrics_url)
+    rng = np.random.default_rng(29)
+    batches = [rng.standard_normal((1 + i % 3, 3, 224, 224), dtype=np.float32) for i in range(12)]
+
+    def one(batch: np.ndarray) -> np.ndarray:
+        client = httpclient.InferenceServerClient(triton.http_url, network_timeout=60)
+        try:
+            return infer(client, "resnet50", "input__0", batch, "output__0")
+        finally:
+            client.close()
+
+    with ThreadPoolExecutor(len(batches)) as pool:
+        answers = list(pool.map(one, batches))
+    for batch, logits in zip(batches, answers, strict=True):
+        np.testing.assert_allclose(logits, run_reference(reference_model, batch), rtol=0, atol=1e-4)
+    after = promtext.scrape(triton.metrics_url)
+    requests = promtext.total(after, "nv_inference_request_success", model="resnet50") - \
+        promtext.total(before, "nv_inference_request_success", model="resnet50")
+    executions = promtext.total(after, "nv_inference_exec_count", model="resnet50") - \
+        promtext.total(before, "nv_inference_exec_count", model="resnet50")
+    assert requests == len(batches)
+    assert executions < requests, "nothing was merged: this test did not reach the merged path"
+
 class CliTriton:
     """`python -m devstack` on triton_repo/ as `make export` left it (what `make triton` and
     `make run` start), on free ports, its stderr in a file, its cache in a folder of its own."""
