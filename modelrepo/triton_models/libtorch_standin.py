@@ -42,11 +42,8 @@ def in_order_chunks(sizes: list[int], at_least: int) -> list[range]:
         if images >= at_least:
             chunks.append(range(start, i + 1))
             start, images = i + 1, 0
-    if start < len(sizes):
-        if chunks and images < at_least:  # a short tail joins the group before it
-            chunks[-1] = range(chunks[-1].start, len(sizes))
-        else:
-            chunks.append(range(start, len(sizes)))
+    if start < len(sizes):  # a short tail joins the group before it (or is the only one)
+        chunks.append(range(chunks.pop().start if chunks else start, len(sizes)))
     return chunks
 
 

@@ -121,6 +121,7 @@ def test_requests_merged_into_one_execution_each_get_their_own_rows(
     assert requests == len(batches)
     assert executions < requests, "nothing was merged: this test did not reach the merged path"
 
+
 class CliTriton:
     """`python -m devstack` on triton_repo/ as `make export` left it (what `make triton` and
     `make run` start), on free ports, its stderr in a file, its cache in a folder of its own."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from devstack.wheel import find_wheel
 from tests.support import ROOT
@@ -77,27 +78,23 @@ def standin(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
-def make_model(standin: ModuleType, events: list[tuple[str, Any]], *, gpu: bool = False,
-               fail_on: int | None = None) -> Any:
-    model = standin.TritonPythonModel()
-    model.model = _TorchFree(CountingModel(events, fail_on))
-    import torch
-
-    model.device, model.in_order = torch.device("cpu"), not gpu
-    model.inputs, model.outputs, model.batched = ["input__0"], [("output__0", np.float32)], True
-    return model
-
-
 class _TorchFree:
     """The stand-in hands the model torch tensors: give the counting model numpy and hand torch back."""
 
     def __init__(self, model: CountingModel) -> None:
         self.model = model
 
-    def __call__(self, batch: Any) -> Any:
-        import torch
-
+    def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(self.model(batch.numpy())))
+
+
+def make_model(standin: ModuleType, events: list[tuple[str, Any]], *, gpu: bool = False,
+               fail_on: int | None = None) -> Any:
+    model = standin.TritonPythonModel()
+    model.model = _TorchFree(CountingModel(events, fail_on))
+    model.device, model.in_order = torch.device("cpu"), not gpu
+    model.inputs, model.outputs, model.batched = ["input__0"], [("output__0", np.float32)], True
+    return model
 
 
 def requests_of(sizes: list[int], events: list[tuple[str, Any]]) -> list[FakeRequest]:
