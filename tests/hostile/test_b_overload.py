@@ -20,7 +20,9 @@ keeps busy (p50 11-14 ms, p99 190-290 ms over three runs here, 2,500-3,000 refus
 must be fast when typical (p50 within REFUSAL_S) and never cost more than serving, percentile for percentile:
 p99 within the p99 of what gunicorn answered in the same window. (Against the served p50 instead, the bound
 until 2026-12-06, it failed 2 runs of 4 on a machine twice as slow: refusals p99 272-352 ms, p90 78-98, against
-a served p50 of 318-369 ms and p99 of 836-894; both tails are turns of loops that the same flood keeps busy.)
+a served p50 of 318-369 ms and p99 of 836-894; both tails are turns of loops that the same flood keeps busy. The
+p90 within the served p50 held with fp32 (105 against 489 ms) and failed with the encoded transport, whose serving
+is faster while its refusals are not: 199 against 183 ms.)
 
 What bounds an accepted request's latency. Each gunicorn worker holds at most SHIM_MAX_PENDING /predict
 requests (decoding, waiting for their CPU turn in arrival order, or waiting for Triton) and refuses one more
