@@ -6,6 +6,7 @@ waits for more only while admitted requests are still preprocessing (Upstream), 
 request goes at once, a burst as one batch. No sender takes more than its share of the worker's outstanding
 requests (queued, on their way, in flight): a queue of 13 behind 2 senders goes as 7 and 6, not as 13 on one
 backend instance while the other answers 1 at a time (bench/RESULTS.md, "Where the tail came from").
+The sender also ranks the rows of its batch (scores, top k) at once: a request gets its answer ready to write.
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from app import metrics
 from app.backends.base import Backend, Rows, SendAgain
 from app.errors import BackendError, BackendTimeout, BackendUnavailable, ShimError
+from app.scores import Ranked, Ranking
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +72,15 @@ class Upstream:
 class _Pending:
     item: Any  # what the backend's prepare() made of the request's upload
     request_id: str
-    future: Future[npt.NDArray[np.float32]] = field(default_factory=Future)
+    future: Future[Ranked] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
 
 
 class Batcher:
-    def __init__(self, backend: Backend, upstream: Upstream, *, max_delay_s: float, senders: int,
+    def __init__(self, backend: Backend, upstream: Upstream, *, ranking: Ranking, max_delay_s: float, senders: int,
                  turn: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext) -> None:
         self.backend = backend
+        self._ranking = ranking
         self._turn = turn  # the worker's decode bound, for what a SendAgain row needs done before it goes again
         self._upstream = upstream
         self._cond = upstream.cond  # one lock: a sender wakes for new requests and for upstream changes
@@ -93,8 +93,8 @@ class Batcher:
         self._pid: int | None = None
         self._closed = False
 
-    def submit(self, item: Any, request_id: str, *, timeout_s: float) -> npt.NDArray[np.float32]:
-        """The logits row for this one item, within `timeout_s`; raises the request's own error. A row the
+    def submit(self, item: Any, request_id: str, *, timeout_s: float) -> Ranked:
+        """The ranked row for this one item, within `timeout_s`; raises the request's own error. A row the
         backend asks for again (SendAgain) is prepared anew here, in the request's thread, and sent once more."""
         deadline = time.monotonic() + timeout_s
         try:
@@ -104,7 +104,7 @@ class Batcher:
                 again = e.make()
             return self._submit(again, request_id, deadline - time.monotonic())
 
-    def _submit(self, item: Any, request_id: str, timeout_s: float) -> npt.NDArray[np.float32]:
+    def _submit(self, item: Any, request_id: str, timeout_s: float) -> Ranked:
         self._ensure_started()
         pending = _Pending(item, request_id)
         with self._cond:
@@ -194,8 +194,9 @@ class Batcher:
         for pending in batch:
             metrics.STAGE_SECONDS.labels("queue", name).observe(started - pending.enqueued)
         metrics.BATCH_SIZE.labels(name).observe(len(batch))
+        rows: Rows | None = None
         try:
-            logits = self._infer(batch)
+            rows = self._infer(batch)
         except (BackendUnavailable, BackendTimeout) as e:
             self._fail(batch, e)  # the backend is down for everyone: retrying one by one only adds load
         except BackendError as e:
@@ -205,17 +206,13 @@ class Batcher:
                 log.warning("%s failed a batch of %d (%s); retrying each request alone", name, len(batch), e)
                 for pending in batch:
                     self._send_alone(pending)
-        else:
-            for pending, row in zip(batch, logits, strict=True):
-                if isinstance(row, ShimError):  # this request's own error (its upload), not the batch's
-                    pending.future.set_exception(row)
-                else:
-                    pending.future.set_result(row)
         finally:
             with self._cond:
                 self._in_flight -= len(batch)
             metrics.STAGE_SECONDS.labels("infer", name).observe(time.perf_counter() - started)
             metrics.CPU_SECONDS.labels("send", name).inc(time.thread_time() - cpu)
+        if rows is not None:
+            self._answer(batch, rows)
 
     def _infer(self, batch: list[_Pending]) -> Rows:
         logits = self.backend.infer([p.item for p in batch], [p.request_id for p in batch])
@@ -223,13 +220,23 @@ class Batcher:
             raise BackendError(f"{self.backend.name} returned {len(logits)} answers for {len(batch)} requests")
         return logits
 
+    def _answer(self, batch: list[_Pending], rows: Rows) -> None:
+        """Each request its ranked row, or its own error (its upload): the good rows ranked together."""
+        started, cpu = time.perf_counter(), time.thread_time()
+        good = [(pending, row) for pending, row in zip(batch, rows, strict=True) if not isinstance(row, ShimError)]
+        ranked = self._ranking.rank([row for _, row in good])
+        wall = time.perf_counter() - started
+        metrics.CPU_SECONDS.labels("postprocess", self.backend.name).inc(time.thread_time() - cpu)
+        for pending, answer in zip([p for p, _ in good], ranked, strict=True):
+            metrics.STAGE_SECONDS.labels("postprocess", self.backend.name).observe(wall)  # each request waited it
+            pending.future.set_result(answer)
+        for pending, row in zip(batch, rows, strict=True):
+            if isinstance(row, ShimError):  # this request's own error (its upload), not the batch's
+                pending.future.set_exception(row)
+
     def _send_alone(self, pending: _Pending) -> None:
         try:
-            row = self._infer([pending])[0]
-            if isinstance(row, ShimError):
-                pending.future.set_exception(row)
-            else:
-                pending.future.set_result(row)
+            self._answer([pending], self._infer([pending]))
         except BackendError as e:
             self._fail([pending], e)
 

@@ -23,12 +23,13 @@ REQUEST_SECONDS = Histogram(
 STAGE_SECONDS = Histogram(
     "shim_stage_duration_seconds",
     "Time per request stage: decode, preprocess, queue (waiting in the batcher), infer (backend round trip, "
-    "per batch), postprocess", ["stage", "backend"], buckets=LATENCY_BUCKETS)
+    "per batch), postprocess (scores and top k, per batch)", ["stage", "backend"], buckets=LATENCY_BUCKETS)
 CPU_SECONDS = Counter(
     "shim_cpu_seconds", "CPU time of the shim's own threads for POST /predict, by part: request (a request "
-    "thread from the app's first line to its answer, the stages included), decode, preprocess, postprocess "
-    "(its stages), send (building, sending and reading one backend call, by a batch sender); what a worker "
-    "spends beyond these is gunicorn's (HTTP parsing, socket writes, its thread pool)", ["part", "backend"])
+    "thread from the app's first line to its answer, decode and preprocess included), decode, preprocess (its "
+    "stages), send (building, sending and reading one backend call, by a batch sender), postprocess (scores "
+    "and top k of a batch's rows, by its sender); what a worker spends beyond request, send and postprocess is "
+    "gunicorn's (HTTP parsing, socket writes, its thread pool)", ["part", "backend"])
 CPU_PARTS = ("request", "decode", "preprocess", "postprocess", "send")
 BATCH_SIZE = Histogram(
     "shim_batch_size", "Images per backend call made by the shim's batcher", ["backend"],

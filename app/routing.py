@@ -2,7 +2,7 @@
 
 In triton and canary modes a failed Triton call is answered by legacy when fallback is on, a circuit breaker keeps
 calls away from a failing Triton, and the automatic rollback may drop the canary share to 0 (docs/traffic.md).
-Router.infer says what happened: the logits, the backend that answered, and why, if it fell back.
+Router.infer says what happened: the ranked answer, the backend that answered, and why, if it fell back.
 """
 
 from __future__ import annotations
@@ -16,9 +16,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from app import metrics
 from app.backends.base import Backend, Readiness
 from app.batching import Batcher
@@ -27,6 +24,7 @@ from app.errors import BackendError, CircuitOpen, ShimError
 from app.images import Upload
 from app.readiness import SharedCheck
 from app.rollback import AutoRollback
+from app.scores import Ranked
 from app.settings import MODES_USING_LEGACY, Mode
 from app.shadow import ShadowRunner
 from app.traffic import TrafficFlag, TrafficState, bucket
@@ -51,9 +49,9 @@ class Decision:
 
 @dataclass(frozen=True)
 class Routed:
-    """What happened to one request: its logits, who answered, and why legacy did when it fell back."""
+    """What happened to one request: its ranked answer, who answered, and why legacy did when it fell back."""
 
-    logits: npt.NDArray[np.float32]
+    ranked: Ranked
     backend: str
     fallback_reason: str | None = None
 
@@ -125,12 +123,12 @@ class Router:
         return self._batchers[decision.backend].backend.prepare(upload)
 
     def infer(self, upload: Upload, item: Any, ctx: RequestContext, decision: Decision) -> Routed:
-        """Logits from the decided backend (`item`: what it prepared), or legacy's when Triton fails (fallback)."""
+        """The decided backend's answer (`item`: what it prepared), or legacy's when Triton fails (fallback)."""
         if decision.backend == LEGACY:
-            logits = self._batchers[LEGACY].submit(item, ctx.request_id, timeout_s=self._timeout_s)
+            ranked = self._batchers[LEGACY].submit(item, ctx.request_id, timeout_s=self._timeout_s)
             if decision.shadow:
-                self._shadow.offer(upload, logits, ctx.request_id)
-            return Routed(logits, LEGACY)
+                self._shadow.offer(upload, ranked.outputs, ctx.request_id)
+            return Routed(ranked, LEGACY)
         try:
             return Routed(self._triton(item, ctx, decision), TRITON)
         except BackendError as e:
@@ -140,8 +138,8 @@ class Router:
             metrics.FALLBACKS.labels(reason).inc()
             with self._turn():  # while Triton is down every pending request decodes here: in turn, bounded
                 legacy_item = self._legacy().prepare(upload)  # raises the contract's 400 / 413, legacy's
-            logits = self._batchers[LEGACY].submit(legacy_item, ctx.request_id, timeout_s=self._timeout_s)
-            return Routed(logits, LEGACY, fallback_reason=reason)
+            ranked = self._batchers[LEGACY].submit(legacy_item, ctx.request_id, timeout_s=self._timeout_s)
+            return Routed(ranked, LEGACY, fallback_reason=reason)
 
     def readiness(self) -> ReadinessReport:
         """Ready when the backends that answer this mode's clients can answer (_ready); Triton found ready
@@ -180,14 +178,14 @@ class Router:
             self.breaker.probe_now()  # Triton answers again: an open circuit lets the next request probe it
         return checked.readiness
 
-    def _triton(self, item: Any, ctx: RequestContext, decision: Decision) -> npt.NDArray[np.float32]:
+    def _triton(self, item: Any, ctx: RequestContext, decision: Decision) -> Ranked:
         if not self.breaker.allow():
             metrics.BACKEND_ERRORS.labels(TRITON, "circuit_open").inc()
             self._record_triton(ok=False, decision=decision)  # refused is failed, for the clients it hits
             raise CircuitOpen(f"Triton is failing: its circuit is open; next probe in "
                               f"{self.breaker.retry_in_s():.0f} s", backend=TRITON)
         try:
-            logits = self._batchers[TRITON].submit(item, ctx.request_id, timeout_s=self._timeout_s)
+            ranked = self._batchers[TRITON].submit(item, ctx.request_id, timeout_s=self._timeout_s)
         except BackendError:
             self.breaker.record_failure()
             self._record_triton(ok=False, decision=decision)
@@ -201,7 +199,7 @@ class Router:
             raise
         self.breaker.record_success()
         self._record_triton(ok=True, decision=decision)
-        return logits
+        return ranked
 
     def _record_triton(self, *, ok: bool, decision: Decision) -> None:
         if self._rollback is not None and decision.mode is Mode.CANARY:

@@ -92,7 +92,7 @@ class ShadowRunner:
     def _run(self, upload: Upload, legacy_logits: npt.NDArray[np.float32], request_id: str) -> None:
         try:  # prepared here, off the request path: the upload sent as Triton's backend would send it
             item = self._batcher.backend.prepare(upload)
-            candidate = self._batcher.submit(item, f"{request_id}-shadow", timeout_s=self._timeout_s)
+            candidate = self._batcher.submit(item, f"{request_id}-shadow", timeout_s=self._timeout_s).outputs
         except Exception as e:  # the shadow thread's outermost frame: every probe records an outcome
             self._breaker.record_failure()
             metrics.SHADOW_COMPARISONS.labels("error").inc()

@@ -19,7 +19,7 @@ from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
 from app.readiness import SharedCheck
 from app.rollback import AutoRollback
 from app.routing import LEGACY, TRITON, Router
-from app.scores import SCORE_FUNCTIONS
+from app.scores import SCORE_FUNCTIONS, Ranking
 from app.service import PredictService
 from app.settings import MODES_USING_LEGACY, Settings
 from app.shadow import ShadowRunner
@@ -87,11 +87,12 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     upstream = Upstream()
     delay_s = settings.batch_delay_ms / 1000
     admission = Admission(max_pending=settings.max_pending)
+    ranking = Ranking(served.top_k, scores)
     batchers = {
-        TRITON: Batcher(chosen[TRITON], upstream, max_delay_s=delay_s, turn=admission.turn,
+        TRITON: Batcher(chosen[TRITON], upstream, ranking=ranking, max_delay_s=delay_s, turn=admission.turn,
                         senders=triton_senders(served.description.instances, settings.workers)),
         # In-process torch already uses every core for one batch: one sender.
-        LEGACY: Batcher(chosen[LEGACY], upstream, max_delay_s=delay_s, senders=1),
+        LEGACY: Batcher(chosen[LEGACY], upstream, ranking=ranking, max_delay_s=delay_s, senders=1),
     }
     triton_check = SharedCheck(chosen[TRITON].ready)
 
@@ -112,6 +113,6 @@ def build_shim(settings: Settings, backends: Mapping[str, Backend] | None = None
     if flag.current().mode in MODES_USING_LEGACY or settings.fallback:
         chosen[LEGACY].start()  # load now, in the background, rather than on the first request
     capture = Capture(settings.capture_dir) if settings.capture_dir else None
-    service = PredictService(model_name=served.name, spec=spec, labels=served.labels, top_k=served.top_k,
-                             router=router, upstream=upstream, admission=admission, capture=capture, scores=scores)
+    service = PredictService(model_name=served.name, spec=spec, labels=served.labels,
+                             router=router, upstream=upstream, admission=admission, capture=capture)
     return Shim(settings=settings, service=service, router=router, admission=admission)

@@ -380,10 +380,11 @@ def cpu_split(row: dict[str, Any]) -> dict[str, float] | None:
     parts = {part: shim.get(f"cpu_{part}_ms") for part in CPU_PARTS}
     if front is None or any(v is None for v in parts.values()):
         return None
-    stages = parts["decode"] + parts["preprocess"] + parts["postprocess"]
+    stages = parts["decode"] + parts["preprocess"]  # the request thread's; postprocess is the senders'
     return {"front": front, "decode": parts["decode"], "preprocess": parts["preprocess"],
             "postprocess": parts["postprocess"], "rest of request": parts["request"] - stages,
-            "batch senders": parts["send"], "outside the app": front - parts["request"] - parts["send"]}
+            "batch senders": parts["send"],
+            "outside the app": front - parts["request"] - parts["send"] - parts["postprocess"]}
 
 
 CPU_SPLIT = ("decode", "preprocess", "postprocess", "rest of request", "batch senders", "outside the app")

@@ -29,8 +29,8 @@ from app.errors import ShimError
 from app.images import Upload
 from app.preprocess import ImageSpec
 from app.readiness import DEADLINE_S as READINESS_DEADLINE_S
-from app.scores import SCORE_FUNCTIONS
-from app.service import top_k
+from app.scores import SCORE_FUNCTIONS, Ranking
+from app.service import predictions
 from app.settings import Settings, SettingsError
 from report.compare import BACKENDS, LEGACY, TRITON, Answer, Outcome, from_logits
 
@@ -106,7 +106,7 @@ def _replay_one(source: InProcess, index: int, name: str, path: Path) -> Outcome
     replies = {backend: source.ask(backend, loaded) for backend in order}
     (legacy, legacy_logits), (triton, triton_logits) = replies[LEGACY], replies[TRITON]
     agreement = (None if legacy_logits is None or triton_logits is None
-                 else from_logits(legacy_logits, triton_logits, source.k, source.scores))
+                 else from_logits(legacy_logits, triton_logits, source.k, source.ranking.scores))
     return Outcome(name, legacy=legacy, triton=triton, agreement=agreement)
 
 
@@ -131,8 +131,8 @@ class InProcess:
             self.served = dataclasses.replace(self.served, legacy_model_path=legacy_model)
         description = self.served.description
         self.spec, self.labels = ImageSpec.of(self.served.description), self.served.labels
-        self.scores = SCORE_FUNCTIONS[description.scores]
         self.k = k if k is not None else self.served.top_k
+        self.ranking = Ranking(self.k, SCORE_FUNCTIONS[description.scores])
         if not self.served.legacy_model_path.is_file():
             raise Unusable(f"legacy model {self.served.legacy_model_path} does not exist (--legacy-model, or "
                            "make export)")
@@ -173,7 +173,7 @@ class InProcess:
         except ShimError as e:  # the backends raise nothing else
             return Answer(backend, time.perf_counter() - started, error=f"{e.code}: {e.message}"), None
         seconds = time.perf_counter() - started
-        return Answer(backend, seconds, tuple(top_k(row, self.labels, self.k, self.scores))), row
+        return Answer(backend, seconds, tuple(predictions(self.ranking.rank([row])[0], self.labels))), row
 
     def describe(self) -> list[tuple[str, str]]:
         s = self.settings

@@ -7,10 +7,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from app.batching import Batcher, Upstream
 from app.errors import BackendError, BackendTimeout, BackendUnavailable
+from app.scores import SCORE_FUNCTIONS, Ranking
 from tests.fakes import POISON, EchoBackend, item
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
@@ -20,7 +22,7 @@ TIMEOUT_S = 30.0
 
 def make_batcher(backend: EchoBackend, delay_s: float = 0.05, senders: int = 1) -> tuple[Batcher, Upstream]:
     upstream = Upstream()
-    return Batcher(backend, upstream, max_delay_s=delay_s, senders=senders), upstream
+    return Batcher(backend, upstream, ranking=Ranking(5), max_delay_s=delay_s, senders=senders), upstream
 
 
 def submit_together(batcher: Batcher, upstream: Upstream, values: list[float]) -> list[object]:
@@ -45,7 +47,7 @@ def test_concurrent_requests_share_one_call_and_each_gets_its_own_row() -> None:
     batcher, upstream = make_batcher(backend)
     values = [float(v) for v in range(1, 17)]
     answers = submit_together(batcher, upstream, values)
-    assert [a[0] for a in answers] == values  # type: ignore[index]
+    assert [a.outputs[0] for a in answers] == values  # type: ignore[index]
     assert sum(backend.batches) == 16 and len(backend.batches) < 16, backend.batches
     assert sorted(i for ids in backend.request_ids for i in ids) == sorted(f"req-{v}" for v in values)
     batcher.close()
@@ -65,7 +67,7 @@ def test_a_lone_request_does_not_wait_for_the_delay() -> None:
     with upstream.on_the_way() as arrived:
         arrived()
     row = batcher.submit(item(3.0), "lone", timeout_s=TIMEOUT_S)
-    assert row[0] == 3.0, "nothing else was on its way: the batch should leave at once"
+    assert row.outputs[0] == 3.0, "nothing else was on its way: the batch should leave at once"
     batcher.close()
 
 
@@ -74,7 +76,7 @@ def test_a_bad_request_fails_alone_and_its_batch_mates_get_their_answers() -> No
     batcher, upstream = make_batcher(backend)
     answers = submit_together(batcher, upstream, [1.0, 2.0, POISON, 4.0])
     assert isinstance(answers[2], BackendError)
-    assert [a[0] for i, a in enumerate(answers) if i != 2] == [1.0, 2.0, 4.0]  # type: ignore[index]
+    assert [a.outputs[0] for i, a in enumerate(answers) if i != 2] == [1.0, 2.0, 4.0]  # type: ignore[index]
     batcher.close()
 
 
@@ -99,7 +101,36 @@ def test_a_sender_survives_a_bug_in_the_backend_and_answers_every_request() -> N
     assert all(isinstance(a, BackendError) and "ZeroDivisionError" in str(a) for a in failed), failed
     backend.broken = False
     answers = submit_together(batcher, upstream, [4.0, 5.0])
-    assert [a[0] for a in answers] == [4.0, 5.0], answers  # type: ignore[index]
+    assert [a.outputs[0] for a in answers] == [4.0, 5.0], answers  # type: ignore[index]
+    batcher.close()
+
+
+def test_each_request_gets_its_own_row_ranked_by_the_batchers_ranking() -> None:
+    backend = EchoBackend()
+    upstream = Upstream()
+    batcher = Batcher(backend, upstream, ranking=Ranking(3, SCORE_FUNCTIONS["probabilities"]), max_delay_s=0.05,
+                      senders=1)
+    answers = submit_together(batcher, upstream, [0.5, -1.0, 2.0])
+    # EchoBackend's row: the value in class 0, zeros elsewhere; probabilities as they come, ties in class order.
+    assert [(a.classes, a.scores) for a in answers] == [  # type: ignore[attr-defined]
+        ([0, 1, 2], [0.5, 0.0, 0.0]), ([1, 2, 3], [0.0, 0.0, 0.0]), ([0, 1, 2], [2.0, 0.0, 0.0])]
+    batcher.close()
+
+
+def test_a_bug_in_the_ranking_fails_its_batch_with_an_error_and_the_sender_goes_on() -> None:
+    calls = []
+
+    def scores_failing_once(rows: np.ndarray) -> np.ndarray:
+        calls.append(len(rows))
+        if len(calls) == 1:
+            raise FloatingPointError("a bug in the scores")
+        return SCORE_FUNCTIONS["softmax"](rows)
+
+    backend, upstream = EchoBackend(), Upstream()
+    batcher = Batcher(backend, upstream, ranking=Ranking(5, scores_failing_once), max_delay_s=0.05, senders=1)
+    failed = submit_together(batcher, upstream, [1.0])
+    assert isinstance(failed[0], BackendError) and "FloatingPointError" in str(failed[0]), failed
+    assert [a.outputs[0] for a in submit_together(batcher, upstream, [2.0, 3.0])] == [2.0, 3.0]  # type: ignore[attr-defined]
     batcher.close()
 
 
@@ -117,7 +148,7 @@ def test_a_bug_during_the_one_by_one_retry_does_not_kill_the_sender(monkeypatch:
     failed = submit_together(batcher, upstream, [1.0, 2.0, 3.0])
     assert all(isinstance(a, BackendError) for a in failed), failed
     monkeypatch.setattr(backend, "infer", original)
-    assert submit_together(batcher, upstream, [6.0])[0][0] == 6.0  # type: ignore[index]
+    assert submit_together(batcher, upstream, [6.0])[0].outputs[0] == 6.0  # type: ignore[index]
     batcher.close()
 
 
@@ -131,7 +162,7 @@ def test_a_request_waits_no_longer_than_its_timeout() -> None:
         assert raised.value.backend == "fake"
     finally:
         backend.hang.clear()
-    assert batcher.submit(item(2.0), "next", timeout_s=TIMEOUT_S)[0] == 2.0
+    assert batcher.submit(item(2.0), "next", timeout_s=TIMEOUT_S).outputs[0] == 2.0
     batcher.close()
 
 
@@ -148,7 +179,7 @@ def test_a_queue_behind_busy_senders_is_shared_between_them() -> None:
                   for v in range(3, 16)]
         wait_for(lambda: len(batcher._queue) == 13, "13 requests to be queued")
         backend.hang.clear()
-        answers = [f.result(timeout=TIMEOUT_S)[0] for f in first + queued]
+        answers = [f.result(timeout=TIMEOUT_S).outputs[0] for f in first + queued]
     assert answers == [float(v) for v in range(1, 16)]
     assert backend.batches[:2] == [1, 1] and sum(backend.batches) == 15
     assert max(backend.batches[2:]) <= 7, f"one sender took more than its share: {backend.batches}"

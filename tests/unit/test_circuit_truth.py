@@ -12,6 +12,7 @@ import pytest
 from app import metrics
 from app.batching import Batcher, Upstream
 from app.errors import BackendTimeout, BackendUnavailable, CircuitOpen
+from app.scores import Ranking
 from app.settings import Mode
 from tests.fakes import EchoBackend, item
 from tests.unit.test_routing import ask, counter, make_router
@@ -68,7 +69,7 @@ def test_refusals_of_an_open_circuit_are_counted_with_their_own_code(tmp_path: P
 
 def test_a_timeout_in_the_shims_own_queue_is_counted_once_as_queue_timeout() -> None:
     backend = EchoBackend("queued")
-    batcher = Batcher(backend, Upstream(), max_delay_s=0.0, senders=1)
+    batcher = Batcher(backend, Upstream(), ranking=Ranking(5), max_delay_s=0.0, senders=1)
     backend.hang.set()  # the one sender is stuck in its call: the next request stays in the queue
     errors: list[Exception] = []
 

@@ -21,6 +21,7 @@ from app.errors import BackendUnavailable, CircuitOpen, FlagNotWritable, Invalid
 from app.images import Upload
 from app.rollback import AutoRollback
 from app.routing import RequestContext, Router
+from app.scores import Ranking
 from app.settings import Mode
 from app.shadow import ShadowRunner, compare
 from app.traffic import TrafficFlag, TrafficState, bucket
@@ -46,7 +47,7 @@ def make_router(tmp_path: Path, *, mode: Mode, fallback: bool = False, auto_roll
     clock = FakeClock()
     upstream = Upstream()
     legacy, triton = EchoBackend("legacy"), EchoBackend("triton")
-    batchers = {name: Batcher(b, upstream, max_delay_s=0.001, senders=1)
+    batchers = {name: Batcher(b, upstream, ranking=Ranking(5), max_delay_s=0.001, senders=1)
                 for name, b in (("legacy", legacy), ("triton", triton))}
     breaker = CircuitBreaker("triton", failures=3, reset_s=60, clock=clock)
     shadow = ShadowRunner(batchers["triton"], breaker, max_inflight=2, timeout_s=5, tolerance=1e-3, top_k=5,
@@ -63,7 +64,7 @@ def ask(router: Router, value: float, key: str = "k") -> tuple[float, str, str |
     ctx = RequestContext(request_id=f"r{value}", routing_key=key)
     decision, upload = router.decide(ctx), image(value)
     routed = router.infer(upload, router.prepare(upload, decision), ctx, decision)
-    return float(routed.logits[0]), routed.backend, routed.fallback_reason
+    return float(routed.ranked.outputs[0]), routed.backend, routed.fallback_reason
 
 
 def counter(metric: object, *labels: str) -> float:
