@@ -397,9 +397,10 @@ def cpu_split_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
         return []
     lines = ["## Where the shim's CPU goes", "",
              "ms of CPU per image from the shim's `shim_cpu_seconds_total` counters over the same window, against "
-             "its process trees' (`front`): `rest of request` is the request thread's other work in the app (Flask, "
-             "multipart, scores, JSON, metrics, log), `batch senders` the calls to Triton, `outside the app` "
-             "gunicorn and the master." + (f" The floor spends {_ms(floor, 'floor')} ms per image." if floor else ""),
+             "its process trees' (`front`): `postprocess` the batch senders' scores and top k (once per batch), "
+             "`rest of request` the request thread's other work in the app (Flask, multipart, the answer's JSON, "
+             "metrics, log), `batch senders` the calls to Triton, `outside the app` gunicorn and the master."
+             + (f" The floor spends {_ms(floor, 'floor')} ms per image." if floor else ""),
              "",
              *_head(["row", "clients", "front CPU ms/img", *CPU_SPLIT, "beyond decode + preprocess"])]
     for r, s in split:
