@@ -223,14 +223,16 @@ class Batcher:
     def _answer(self, batch: list[_Pending], rows: Rows) -> None:
         """Each request its ranked row, or its own error (its upload): the good rows ranked together."""
         started, cpu = time.perf_counter(), time.thread_time()
-        good = [(pending, row) for pending, row in zip(batch, rows, strict=True) if not isinstance(row, ShimError)]
+        pairs = list(zip(batch, rows, strict=True))
+        good = [(pending, row) for pending, row in pairs if not isinstance(row, ShimError)]
         ranked = self._ranking.rank([row for _, row in good])
         wall = time.perf_counter() - started
         metrics.CPU_SECONDS.labels("postprocess", self.backend.name).inc(time.thread_time() - cpu)
-        for pending, answer in zip([p for p, _ in good], ranked, strict=True):
-            metrics.STAGE_SECONDS.labels("postprocess", self.backend.name).observe(wall)  # each request waited it
+        waited = metrics.STAGE_SECONDS.labels("postprocess", self.backend.name)
+        for (pending, _), answer in zip(good, ranked, strict=True):
+            waited.observe(wall)  # each request of the batch waited for it
             pending.future.set_result(answer)
-        for pending, row in zip(batch, rows, strict=True):
+        for pending, row in pairs:
             if isinstance(row, ShimError):  # this request's own error (its upload), not the batch's
                 pending.future.set_exception(row)
 

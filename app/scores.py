@@ -42,33 +42,35 @@ SCORE_FUNCTIONS: dict[str, Scores] = {"softmax": softmax, "sigmoid": sigmoid, "p
 
 
 def best(probs: npt.NDArray[np.float32], k: int) -> list[int]:
-    """Indices of the k highest scores, best first; ties keep class order."""
-    if 0 < k < probs.size:  # sort only what can make the top k: every score >= the k-th highest, ties included
-        candidates = np.flatnonzero(probs >= np.partition(probs, probs.size - k)[probs.size - k])
-        if candidates.size >= k:  # fewer only with NaNs, which partition ranks first and the sort below last
-            return [int(i) for i in candidates[np.argsort(-probs[candidates], kind="stable")[:k]]]
-    return [int(i) for i in np.argsort(-probs, kind="stable")[:k]]
+    """Indices of the k highest scores of one row, best first; ties keep class order."""
+    return best_of_rows(probs.reshape(1, -1), k)[0]
 
 
 def best_of_rows(probs: npt.NDArray[np.float32], k: int) -> list[list[int]]:
-    """best() of each row of [N, classes], in a few calls for the whole batch: a row whose k-th highest score is
-    shared (a tie at the cut) or that holds a NaN gets best() itself."""
+    """The k best classes of each row of [N, classes], best first, ties in class order: what a full stable sort of
+    each row gives, in a few calls for the whole batch. Only what can make the top k is sorted (every score >= the
+    k-th highest); a row where more than k can (a tie at the cut) or fewer (a NaN, which partition ranks first and
+    the sort last) is sorted whole."""
     n, classes = probs.shape
     if not 0 < k < classes:
-        return [best(row, k) for row in probs]
+        return [_sorted_whole(row, k) for row in probs]
     kth = np.partition(probs, classes - k, axis=1)[:, classes - k]
     candidates = probs >= kth[:, None]
     counts = candidates.sum(axis=1)
     exact = np.flatnonzero(counts == k)  # the common case: exactly k can make the top k
     answer: list[list[int]] = [[] for _ in range(n)]
     if exact.size:
-        ids = np.nonzero(candidates[exact])[1].reshape(exact.size, k)  # in class order, as best()'s candidates
+        ids = np.nonzero(candidates[exact])[1].reshape(exact.size, k)  # in class order
         order = np.argsort(-np.take_along_axis(probs[exact], ids, axis=1), axis=1, kind="stable")
         for row, chosen in zip(exact.tolist(), np.take_along_axis(ids, order, axis=1).tolist(), strict=True):
             answer[row] = chosen
     for row in np.flatnonzero(counts != k).tolist():
-        answer[row] = best(probs[row], k)
+        answer[row] = _sorted_whole(probs[row], k)
     return answer
+
+
+def _sorted_whole(row: npt.NDArray[np.float32], k: int) -> list[int]:
+    return [int(i) for i in np.argsort(-row, kind="stable")[:k]]
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,11 @@ def test_ties_keep_class_order_and_nans_and_infinities_rank_as_a_full_sort_ranks
 
 
 def one_by_one(rows: list[np.ndarray], k: int, scores: str) -> list[tuple[list[int], list[float]]]:
-    """As a request would answer alone: its own row's scores, then best()."""
+    """As a request would answer alone: its own row's scores, then a full stable sort of them."""
     answers = []
     for row in rows:
         probs = SCORE_FUNCTIONS[scores](row)
-        top = best(probs, k)
+        top = full_sort(probs, k)
         answers.append((top, [float(probs[i]) for i in top]))
     return answers
 
