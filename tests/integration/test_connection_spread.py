@@ -80,7 +80,8 @@ def test_sixteen_clients_opened_at_once_end_up_spread_over_both_workers(two_work
                     socks[i] = connect(two_workers.port)
                     moved += 1
             held = held_by_worker(two_workers, {s.getsockname()[1] for s in socks})
-            if sorted(held.values()) in ([CLIENTS // 2] * 2, [CLIENTS // 2 - 1, CLIENTS // 2 + 1]):
+            # Even as the workers count it (app/gunicorn_worker.py should_move): 9 / 7 still moves one client.
+            if sorted(held.values()) == [CLIENTS // 2] * 2:
                 break
             assert time.monotonic() < deadline, f"connections per worker after 30 s: {dict(held)}"
         # Once even, nobody is moved again: a second round of every client closes nothing.
