@@ -86,3 +86,34 @@ def test_initialize_makes_the_series_the_alerts_divide_by() -> None:
     for status, reason in [("200", ""), ("503", "overloaded"), ("503", "client_limit")]:
         assert REGISTRY.get_sample_value("shim_proxy_responses_total",
                                          {"path": "/predict", "status": status, "reason": reason}) is not None
+
+
+def test_the_pause_between_reads_shortens_as_the_rate_grows() -> None:
+    """At a few requests a second the reader wakes every GATHER_S; at a flood's rate it pauses so that about
+    KEEP_UNDER datagrams wait in the socket's buffer, not more than it holds."""
+    assert proxy_log.pause(1, 5.0) == proxy_log.GATHER_S
+    assert proxy_log.pause(20, proxy_log.GATHER_S) == proxy_log.GATHER_S  # 1,000/s: 20 gather
+    flood = proxy_log.pause(1000, 0.02)  # 50,000/s
+    assert flood == pytest.approx(proxy_log.KEEP_UNDER / 50_000)
+    assert 50_000 * flood <= proxy_log.KEEP_UNDER
+
+
+def test_a_burst_larger_than_one_read_is_counted_whole() -> None:
+    """2,000 datagrams sent as fast as one sender can: every one counted, over several reads."""
+    sock = proxy_log.bind("127.0.0.1:0")
+    stop = threading.Event()
+    before = count("/healthz", "200", "")
+    counted: list[int] = []
+    server = threading.Thread(target=lambda: counted.append(proxy_log.serve(sock, stop)))
+    server.start()
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            for _ in range(2000):
+                sender.sendto(line(200, "/healthz"), sock.getsockname())
+        wait_until(lambda: count("/healthz", "200", "") - before >= 2000, 10, "2,000 datagrams counted")
+    finally:
+        stop.set()
+        server.join(timeout=5)
+        sock.close()
+    assert count("/healthz", "200", "") - before == 2000
+    assert counted == [2000]
