@@ -934,10 +934,11 @@ def test_the_proxy_agrees_with_the_shims_settings() -> None:
     assert gunicorn and upstream and seconds(upstream.group(1)) < int(gunicorn.group(1))
     inner = re.search(r"upstream shim_admission \{.*?keepalive_timeout (\w+);", NGINX_TEMPLATE.read_text(), re.S)
     assert inner and seconds(inner.group(1)) < seconds(directive_in(admission, "keepalive_timeout"))
-    # Slow clients end at the edge: short header and body timeouts, buffered uploads, a small body buffer.
+    # Slow clients end at the edge: short header and body timeouts, buffered uploads, a body buffer that holds a
+    # web-sized photo (a temporary file per upload costs nginx more than the upload) and bounds a dripped one.
     for timeout in ("client_header_timeout", "client_body_timeout", "send_timeout"):
         assert seconds(directive_in(edge, timeout)) <= 10, timeout
-    assert directive_in(edge, "client_body_buffer_size") == "64k"
+    assert directive_in(edge, "client_body_buffer_size") == "256k"
     for directive, value in [("server_tokens", "off"), ("lingering_close", "off"), ("proxy_next_upstream", "off")]:
         assert nginx_directive(directive) == value, directive
     assert "escape=json" in nginx_directive("log_format")
