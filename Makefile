@@ -42,6 +42,7 @@ help:
 	@echo "make bench-quick - the same in under 2 minutes (resnet18, fewer and shorter runs)"
 	@echo "make bench-frontend - the shim's CPU per image with a near-free model: floor, legacy front, each transport, direct (about 5 min; BENCH_ARGS=--profile)"
 	@echo "make bench-memory - a shim worker's peak memory under the worst input its limits accept (about 3 min)"
+	@echo "make clean   - remove what make, the tests and the benchmarks wrote (.cache, exported models, bench/out: 20-30 MB a run)"
 
 # Installs only what requirements/dev.txt locks, every file hash-checked (torch 2.14.1 comes from local disk
 # where pip's configuration points at it). requirements/lock.py --check stops first, saying what to do, when this
@@ -158,5 +159,5 @@ lint: install
 	$(PY) -m mypy
 
 clean:
-	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .cache .pytest_cache .mypy_cache .ruff_cache bench/out
 	find triton_repo -name model.pt -delete -o -name labels.txt -delete -o -name __pycache__ -prune -exec rm -rf {} +
