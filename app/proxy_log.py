@@ -111,8 +111,8 @@ def pause(received: int, over_s: float) -> float:
 
 
 def drain(sock: socket.socket) -> list[bytes]:
-    """Every datagram already waiting, without blocking."""
-    datagrams = []
+    """Every datagram already waiting, without blocking; the socket's timeout as it was."""
+    datagrams, timeout = [], sock.gettimeout()
     sock.setblocking(False)
     try:
         while True:
@@ -120,7 +120,7 @@ def drain(sock: socket.socket) -> list[bytes]:
     except BlockingIOError:
         pass
     finally:
-        sock.settimeout(0.5)
+        sock.settimeout(timeout)
     return datagrams
 
 
