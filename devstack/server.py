@@ -113,6 +113,7 @@ class EmbeddedTriton:
         self.shm_prefix = f"shim{os.getpid()}x{uuid.uuid4().hex[:6]}_"
         self._process: subprocess.Popen[bytes] | None = None
         self._log_tail: collections.deque[str] = collections.deque(maxlen=200)
+        self._first_line = ""  # what a server that will not start says first (an unknown option: before its usage)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -192,8 +193,12 @@ class EmbeddedTriton:
             wait_for_http(f"http://{self.http_url}/v2/health/ready", timeout_s, what="tritonserver to be ready",
                           give_up=lambda: None if self.running else "tritonserver exited")
         except WaitTimeout as e:
-            what = f"was not ready within {timeout_s:.0f} s" if self.running else "exited during start-up"
-            raise EmbeddedTritonError(f"tritonserver {what} ({self._errors()}); full log: {self.log_path}") from e
+            if self.running:
+                what = f"was not ready within {timeout_s:.0f} s"
+            else:  # its last lines may still be in the pipe: read them before saying what they were
+                self._threads[0].join(timeout=5)
+                what = f"exited during start-up ({self._exit_status()})"
+            raise EmbeddedTritonError(f"tritonserver {what}: {self._errors()}; full log: {self.log_path}") from e
 
     def stop(self, *, graceful: bool = True) -> None:
         """Drained and unloaded (a few seconds), or killed at once with its stubs; its /dev/shm files go too."""
@@ -234,6 +239,7 @@ class EmbeddedTriton:
                 log_file.write(raw)
                 log_file.flush()
                 line = raw.decode(errors="replace").rstrip()
+                self._first_line = self._first_line or line.strip()
                 self._log_tail.append(line)
                 if self.config.echo_log:
                     print(line, file=sys.stderr, flush=True)
@@ -249,8 +255,19 @@ class EmbeddedTriton:
                 log.info("model repository changed (%s): CPU copy updated; load the model to apply it",
                          ", ".join(changed))
 
+    def _exit_status(self) -> str:
+        code = self._process.poll() if self._process is not None else None
+        if code is not None and code < 0:  # e.g. SIGPIPE: nothing read its output; SIGKILL: the OOM killer
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
     def _errors(self) -> str:
         errors = [line for line in self._log_tail
                   if (line.startswith("E") or "error" in line.lower()) and not any(h in line for h in HARMLESS)]
-        return " | ".join(errors[-3:]) or "no error lines in its log"
+        if errors:
+            return " | ".join(errors[-3:])
+        last = next((line.strip() for line in reversed(self._log_tail) if line.strip()), "")
+        if not last:
+            return "its log is empty"
+        return f"no error lines in its log (first line: {self._first_line}; last: {last})"
 

@@ -185,3 +185,17 @@ def test_environment_of_the_stub_is_this_interpreter() -> None:
     env = server_environment({"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere"})
     assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
     assert "PYTHONPATH" not in env
+
+
+def test_a_server_that_exits_at_start_says_how_and_what_it_said_first(tmp_path: Path) -> None:
+    """An unknown option: tritonserver names it in its first line, then prints 400 lines of usage, and exits 1."""
+    from devstack import EmbeddedTritonConfig, EmbeddedTritonError
+
+    (tmp_path / "repo").mkdir()
+    http, grpc, metrics = free_ports(3)
+    config = EmbeddedTritonConfig(model_repository=tmp_path / "repo", cache_dir=tmp_path / "cache", http_port=http,
+                                  grpc_port=grpc, metrics_port=metrics, extra_args=("--no-such-option",))
+    with pytest.raises(EmbeddedTritonError, match=r"exited during start-up \(exit code 1\): no error lines in its "
+                                                  r"log \(first line: \S*tritonserver: unrecognized option "
+                                                  r"'--no-such-option'; last: .+\); full log: "):
+        EmbeddedTriton(config).start()
