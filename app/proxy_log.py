@@ -185,6 +185,8 @@ class Supervisor:
                     log.error("cannot start python -m app.proxy_log: %s", e)
                     self._pid = None
             code = _exit_code(self._pid) if self._pid is not None else None
+            with self._lock:  # reaped: its number may soon be another process's, which stop() must not kill
+                self._pid = None
             if not self._stop.is_set():
                 log.warning("python -m app.proxy_log exited (%s); restarting it", code)
                 self._stop.wait(RESTART_S)
