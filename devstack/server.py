@@ -257,9 +257,13 @@ class EmbeddedTriton:
 
     def _exit_status(self) -> str:
         code = self._process.poll() if self._process is not None else None
-        if code is not None and code < 0:  # e.g. SIGPIPE: nothing read its output; SIGKILL: the OOM killer
-            return f"killed by {signal.Signals(-code).name}"
-        return f"exit code {code}"
+        if code is None or code >= 0:
+            return f"exit code {code}"
+        killed = f"killed by {signal.Signals(-code).name}"  # SIGKILL: the OOM killer; SIGPIPE: no reader of its output
+        if code == -signal.SIGBUS:  # a python-backend region on a full tmpfs (docker's default /dev/shm is 64 MiB)
+            shm = os.statvfs("/dev/shm")
+            killed += f", with {shm.f_bavail * shm.f_frsize / 2**20:.0f} MiB free in /dev/shm now"
+        return killed
 
     def _errors(self) -> str:
         errors = [line for line in self._log_tail

@@ -199,3 +199,50 @@ def test_a_server_that_exits_at_start_says_how_and_what_it_said_first(tmp_path: 
                                                   r"log \(first line: \S*tritonserver: unrecognized option "
                                                   r"'--no-such-option'; last: .+\); full log: "):
         EmbeddedTriton(config).start()
+
+
+SLOW_MODEL_CONFIG = """name: "waits"
+backend: "python"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+parameters { key: "folder" value: { string_value: "%s" } }
+"""
+SLOW_MODEL = '''import json, pathlib, time
+
+
+class TritonPythonModel:
+    def initialize(self, args):  # says it is loading, then waits for the test (a minute at most)
+        folder = pathlib.Path(json.loads(args["model_config"])["parameters"]["folder"]["string_value"])
+        (folder / "loading").touch()
+        deadline = time.monotonic() + 60
+        while not (folder / "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def execute(self, requests):
+        return []
+'''
+
+
+def test_a_server_killed_during_start_up_says_by_which_signal(tmp_path: Path) -> None:
+    """SIGBUS is how the kernel stops a process that writes to a python-backend region on a full /dev/shm."""
+    from devstack import EmbeddedTritonConfig, EmbeddedTritonError
+
+    (tmp_path / "repo" / "waits" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "waits" / "config.pbtxt").write_text(SLOW_MODEL_CONFIG % tmp_path)
+    (tmp_path / "repo" / "waits" / "1" / "model.py").write_text(SLOW_MODEL)
+    http, grpc, metrics = free_ports(3)
+    server = EmbeddedTriton(EmbeddedTritonConfig(model_repository=tmp_path / "repo", cache_dir=tmp_path / "cache",
+                                                 http_port=http, grpc_port=grpc, metrics_port=metrics))
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(server.start)
+        try:
+            wait_until(lambda: (tmp_path / "loading").exists() or started.done(), 120, "the model to start loading")
+            assert server.pid is not None
+            os.kill(server.pid, signal.SIGBUS)
+            with pytest.raises(EmbeddedTritonError, match=r"exited during start-up \(killed by SIGBUS, with \d+ MiB "
+                                                          r"free in /dev/shm now\)"):
+                started.result(timeout=60)
+        finally:
+            (tmp_path / "go").touch()
+            server.stop(graceful=False)
