@@ -259,7 +259,9 @@ class EmbeddedTriton:
         code = self._process.poll() if self._process is not None else None
         if code is None or code >= 0:
             return f"exit code {code}"
-        killed = f"killed by {signal.Signals(-code).name}"  # SIGKILL: the OOM killer; SIGPIPE: no reader of its output
+        # SIGKILL: the OOM killer, most often; SIGPIPE: nothing read its output
+        names = {int(s): s.name for s in signal.Signals}
+        killed = f"killed by {names.get(-code, f'signal {-code}')}"
         if code == -signal.SIGBUS:  # a python-backend region on a full tmpfs (docker's default /dev/shm is 64 MiB)
             shm = os.statvfs("/dev/shm")
             killed += f", with {shm.f_bavail * shm.f_frsize / 2**20:.0f} MiB free in /dev/shm now"
