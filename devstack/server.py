@@ -116,6 +116,7 @@ class EmbeddedTriton:
         self._first_line = ""  # what a server that will not start says first (an unknown option: before its usage)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._pump: threading.Thread | None = None  # the thread that reads its output into the log
 
     @property
     def http_url(self) -> str:
@@ -178,7 +179,7 @@ class EmbeddedTriton:
         self._process = subprocess.Popen(
             self.command(wheel), env=server_environment(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)  # own process group: stubs die with it
-        self._spawn(self._pump_log, self._process.stdout, log_file)
+        self._pump = self._spawn(self._pump_log, self._process.stdout, log_file)
         try:
             self.wait_ready(c.startup_timeout_s)
         except BaseException:
@@ -196,7 +197,8 @@ class EmbeddedTriton:
             if self.running:
                 what = f"was not ready within {timeout_s:.0f} s"
             else:  # its last lines may still be in the pipe: read them before saying what they were
-                self._threads[0].join(timeout=5)
+                if self._pump is not None:
+                    self._pump.join(timeout=5)
                 what = f"exited during start-up ({self._exit_status()})"
             raise EmbeddedTritonError(f"tritonserver {what}: {self._errors()}; full log: {self.log_path}") from e
 
@@ -228,10 +230,11 @@ class EmbeddedTriton:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _spawn(self, target: object, *args: object) -> None:
+    def _spawn(self, target: object, *args: object) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
         thread.start()
         self._threads.append(thread)
+        return thread
 
     def _pump_log(self, stream: IO[bytes], log_file: IO[bytes]) -> None:
         with log_file:
