@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# The GPU device kit: one prepared command per call for the day a GPU machine is lent (one NVIDIA H200, 16 cores,
-# Python 3.12 with torch 2.11+cu130, torchvision 0.26, numpy 2, pillow, prometheus-client, werkzeug; no flask,
-# gunicorn, tritonclient or Triton; no network; at most 64 MiB carried per call). docs/gpu.md says how to read
+# The GPU device kit: one prepared command per call for the day a GPU machine is lent (one NVIDIA H100 or H200,
+# 16 cores, Python 3.12 with torch 2.11+cu130, torchvision 0.26, numpy 2, pillow, prometheus-client, werkzeug; no
+# flask, gunicorn, tritonclient or Triton; no network; at most 64 MiB carried per call). docs/gpu.md says how to read
 # what comes back. Each call writes $OUT/device_results.json (and .md) as it goes, keeping a copy in /tmp/kit:
 #   a  installs nvidia-pytriton and the web stack; ldd of the server, its python backend and stub ("not found")
 #   b  installs tritonclient and numpy 1.26; imports numpy and torch and initialises CUDA in the environment
 #      the server's python backend gets
 #   c  installs nvImageCodec; generates the repository from the descriptions (no export is carried), starts
 #      the wheel's Triton on the GPU and the shim on the host's cores, a smoke check (one JPEG through the
-#      decode step) and then, in about 8 minutes, what bench/device_kit.py lists; its file holds a and b too
+#      decode step) and then, in about 5-8 minutes, what bench/device_kit.py lists (the shim's encoded rows
+#      first); its file holds a and b too
 #
 # Here, on this machine, once (about 110 MiB of wheels into .kit/, which .gitignore keeps out of git):
 #     bash bench/device_check.sh --prepare
 # Then with the `run` tool, three calls in a row (a warm machine keeps /tmp for about 30 s between calls, so
-# make each call as soon as the previous one returns; the wheels go to /tmp/kit, outside the work tree):
-#     1. run(command="bash bench/device_check.sh --stage a", carry=[".kit/a"], timeout_s=240)
-#     2. run(command="bash bench/device_check.sh --stage b", carry=[".kit/b"], timeout_s=240)
+# make each call as soon as the previous one returns; the wheels go to /tmp/kit, outside the work tree). A session
+# has 15 minutes of device time in all, the machine's start (1-2 minutes) and idle seconds included: a and b
+# should take about a minute each (never timed there), so c gets about 10; the tool cuts c's limit to what is
+# left, and what c measured by then comes back (its file is rewritten after every figure).
+#     1. run(command="bash bench/device_check.sh --stage a", carry=[".kit/a"], timeout_s=150)
+#     2. run(command="bash bench/device_check.sh --stage b", carry=[".kit/b"], timeout_s=150)
 #     3. run(command="bash bench/device_check.sh --stage c", carry=[".kit/c"], timeout_s=600)
 # If a call finds /tmp/kit gone (the machine went back between calls), it says so and exits 3: start again
 # from call 1 (the earlier calls' own files came back with them). Then give_back.

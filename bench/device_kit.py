@@ -1,8 +1,9 @@
 """`bench/device_check.sh`'s measurement on a lent GPU machine, in three stages (the script's header says how):
 a, ldd of the wheel's server, backend and stub; b, numpy, torch and CUDA in the python backend's environment;
-c, the repository generated from the descriptions, the wheel's Triton on it, a smoke check, then the model alone,
-the decode step (with the agreement) and the shim per transport. Each step's figures or error go into the
-results file as soon as it has them. --dry-run: every stage on a CPU, the GPU plan's shapes, a near-free model.
+c, the repository generated from the descriptions, the wheel's Triton on it, a smoke check, then the shim per
+transport (encoded first), the decode step (with the agreement) and the model alone: the order of what issue 29
+needs most, so that a call the device's time limit cuts short has lost the least. Each step's figures or error go
+into the results file as soon as it has them. --dry-run: every stage on a CPU, the GPU plan's shapes, a near-free model.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-TRANSPORTS = ("fp32", "uint8", "encoded")
+TRANSPORTS = ("encoded", "fp32", "uint8")  # encoded first: the route of the GPU-host target
 DESCRIBED = "resnet50"  # the model the shim serves, exactly as its description says
 BENCH = "kit_resnet50_b64"  # the kit's own copy of it for the model-only rows: max_batch_size 64
 RESULTS = "device_results.json"
-SECTIONS = ("libraries", "python_env", "repository", "triton", "smoke", "model_only", "decode", "shim")
+SECTIONS = ("libraries", "python_env", "repository", "triton", "smoke", "shim", "decode", "model_only")
 
 
 @dataclass(frozen=True)
@@ -508,6 +509,18 @@ def markdown(data: dict[str, Any]) -> str:
                   f" (CUDA {env['torch_cuda']}), CUDA available: {env['cuda_available']} {env.get('device', '')}"]
     if "smoke" in steps:
         lines += [f"- smoke: {json.dumps(steps['smoke'])}", ""]
+    if "shim" in steps:  # first: issue 29's figure; the last column is what the host's cores allow at that CPU
+        cores = m.get("cores") or 0
+        lines += ["## The shim per transport", "", "| transport | connections | images/s | p50 ms | p99 ms | shim CPU "
+                  f"ms/img | Triton CPU ms/img | errors | {cores} cores / (shim + Triton CPU), images/s |",
+                  "| --- | --: | --: | --: | --: | --: | --: | --: | --: |"]
+        for r in steps["shim"]:
+            host_ms = r["shim_cpu_ms_per_image"] + r["triton_cpu_ms_per_image"]
+            allowed = f"{cores * 1000 / host_ms:,.0f}" if host_ms > 0 and cores else "-"
+            lines.append(f"| {r['transport']} | {r['connections']} | {r['images_per_s']} | {_ms(r['p50_ms'])} | "
+                         f"{_ms(r['p99_ms'])} | {r['shim_cpu_ms_per_image']} | {r['triton_cpu_ms_per_image']} | "
+                         f"{r['errors']} | {allowed} |")
+        lines.append("")
     if "model_only" in steps:
         mo = steps["model_only"]
         lines += [f"## Model only ({data['plan']['arch']}, {mo['device']})", "", "| batch | in torch, images/s | "
@@ -530,14 +543,6 @@ def markdown(data: dict[str, Any]) -> str:
                   f"{a['mean_levels']:.4f} pixel levels ({'MET' if d['agreement']['met'] else 'NOT MET'}: targets "
                   f"99.5 % and 99 %)",
                   f"- shadow tolerance for the encoded path: largest score difference {d['shadow_tolerance']}", ""]
-    if "shim" in steps:
-        lines += ["## The shim per transport", "", "| transport | connections | images/s | p50 ms | p99 ms | shim CPU "
-                  "ms/img | Triton CPU ms/img | errors |", "| --- | --: | --: | --: | --: | --: | --: | --: |"]
-        for r in steps["shim"]:
-            lines.append(f"| {r['transport']} | {r['connections']} | {r['images_per_s']} | {_ms(r['p50_ms'])} | "
-                         f"{_ms(r['p99_ms'])} | {r['shim_cpu_ms_per_image']} | {r['triton_cpu_ms_per_image']} | "
-                         f"{r['errors']} |")
-        lines.append("")
     for name, value in data.get("partial", {}).items():
         if name not in steps:
             lines += [f"## Partial: {name} (cut short)", "", "```", json.dumps(value, indent=1), "```", ""]
@@ -589,9 +594,9 @@ def measure(results: Results, plan: Plan) -> None:
         if triton is not None:
             results.data["steps"]["triton"] = {"url": triton.http_url, "gpu": plan.gpu}
             results.step("smoke", lambda: smoke(triton, plan))
-            results.step("model_only", lambda: model_only(triton, plan, results))
-            results.step("decode", lambda: decode_step(triton, plan))
             results.step("shim", lambda: shim_rows(triton, Path(repo), work, plan, results))
+            results.step("decode", lambda: decode_step(triton, plan))
+            results.step("model_only", lambda: model_only(triton, plan, results))
     finally:
         if triton is not None:
             triton.stop(graceful=False)
