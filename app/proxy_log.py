@@ -26,9 +26,12 @@ RECEIVE_BUFFER = 4 << 20  # asked for; the kernel caps it at net.core.rmem_max
 RESTART_S = 1.0
 # Datagrams gather in the socket's buffer between reads: one wake-up per read instead of one per request costs
 # the process a third of the CPU per datagram (bench/RESULTS.md). The pause is shorter at higher rates, so that
-# about KEEP_UNDER wait at a time: a default net.core.rmem_max (a 425 KB buffer) holds about 500 of them.
+# about KEEP_UNDER wait at a time: a default net.core.rmem_max (a 425 KB buffer) holds about 500 of them. After
+# an idle socket the rate is unknown: the pause starts at FIRST_S and at most doubles per read, so that a flood
+# that follows quiet is measured before it can fill the buffer.
 GATHER_S = 0.02
 KEEP_UNDER = 128
+FIRST_S = 0.001
 
 
 def parse(datagram: bytes) -> tuple[str, str, str] | None:
@@ -80,15 +83,17 @@ def serve(sock: socket.socket, stop: threading.Event, parent: int | None = None)
 
     counted = 0
     sock.settimeout(0.5)
-    last_read = time.monotonic()
+    last_read, wait = time.monotonic(), FIRST_S
     while not stop.is_set() and (parent is None or os.getppid() == parent):
+        began = time.monotonic()
         try:
             datagrams = [sock.recv(RECEIVE_BYTES)]
         except TimeoutError:
             continue
         datagrams += drain(sock)
         now = time.monotonic()
-        wait, last_read = pause(len(datagrams), now - last_read), now  # they arrived since the last read
+        wait = pause(len(datagrams), now - last_read, wait, waited_s=now - began)  # arrived since the last read
+        last_read = now
         tally: dict[tuple[str, str, str], int] = {}
         for datagram in datagrams:
             labels = parse(datagram)
@@ -103,11 +108,14 @@ def serve(sock: socket.socket, stop: threading.Event, parent: int | None = None)
     return counted
 
 
-def pause(received: int, over_s: float) -> float:
-    """Seconds to let datagrams gather before the next read: GATHER_S, or less when `received` in `over_s`
-    says that more than KEEP_UNDER would arrive meanwhile."""
+def pause(received: int, over_s: float, previous_s: float, waited_s: float = 0.0) -> float:
+    """Seconds to let datagrams gather before the next read: up to GATHER_S, at most twice the previous pause,
+    and less when `received` in `over_s` says that more than KEEP_UNDER would arrive meanwhile. A read that
+    waited over GATHER_S for its first datagram found the socket idle: FIRST_S."""
+    if waited_s > GATHER_S:
+        return FIRST_S
     rate = received / max(over_s, 1e-6)
-    return min(GATHER_S, KEEP_UNDER / rate)
+    return min(GATHER_S, 2 * previous_s, KEEP_UNDER / rate)
 
 
 def drain(sock: socket.socket) -> list[bytes]:

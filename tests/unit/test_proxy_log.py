@@ -91,11 +91,31 @@ def test_initialize_makes_the_series_the_alerts_divide_by() -> None:
 def test_the_pause_between_reads_shortens_as_the_rate_grows() -> None:
     """At a few requests a second the reader wakes every GATHER_S; at a flood's rate it pauses so that about
     KEEP_UNDER datagrams wait in the socket's buffer, not more than it holds."""
-    assert proxy_log.pause(1, 5.0) == proxy_log.GATHER_S
-    assert proxy_log.pause(20, proxy_log.GATHER_S) == proxy_log.GATHER_S  # 1,000/s: 20 gather
-    flood = proxy_log.pause(1000, 0.02)  # 50,000/s
+    gather = proxy_log.GATHER_S
+    assert proxy_log.pause(1, 5.0, gather) == gather
+    assert proxy_log.pause(20, gather, gather) == gather  # 1,000/s: 20 gather
+    flood = proxy_log.pause(1000, 0.02, gather)  # 50,000/s
     assert flood == pytest.approx(proxy_log.KEEP_UNDER / 50_000)
     assert 50_000 * flood <= proxy_log.KEEP_UNDER
+
+
+def test_after_an_idle_socket_the_pause_starts_short_and_at_most_doubles() -> None:
+    """A flood that follows quiet: the first pause is FIRST_S, not GATHER_S (at 50,000/s, 1,000 datagrams would
+    arrive in 20 ms, twice what a default buffer holds; measured loss: bench/RESULTS.md), and each read's rate
+    sets the next before the buffer can fill. At a steady 1,000/s it still reaches GATHER_S within five reads."""
+    pauses = [proxy_log.FIRST_S]
+    for _ in range(6):  # 1,000/s: what arrived during each pause
+        pauses.append(proxy_log.pause(max(1, round(1000 * pauses[-1])), pauses[-1], pauses[-1]))
+    assert pauses == pytest.approx([0.001, 0.002, 0.004, 0.008, 0.016, 0.02, 0.02])
+    waits, arrived = [proxy_log.FIRST_S], []
+    for _ in range(6):  # 50,000/s from the first read on
+        arrived.append(round(50_000 * waits[-1]))
+        waits.append(proxy_log.pause(arrived[-1], waits[-1], waits[-1]))
+    assert max(arrived) <= proxy_log.KEEP_UNDER, arrived
+    assert waits[-1] == pytest.approx(proxy_log.KEEP_UNDER / 50_000)
+    # quiet again: a read that waited 0.5 s for its one datagram starts over, whatever the pause was
+    assert proxy_log.pause(1, 0.5, proxy_log.GATHER_S, waited_s=0.5) == proxy_log.FIRST_S
+    assert proxy_log.pause(8, 0.02, proxy_log.GATHER_S, waited_s=0.01) == proxy_log.GATHER_S  # 400/s: not idle
 
 
 def test_bursts_are_counted_whole() -> None:
