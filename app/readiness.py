@@ -2,7 +2,10 @@
 
 /readyz is unauthenticated, and a hung Triton would hold every thread that checks for its whole deadline; so one
 thread checks and the others get the latest answer at once, with its age. A "ready" answer is not repeated once
-the check under way is past its deadline, nor when it was older than the deadline when that check began.
+the check under way is past its deadline, nor when it was older than the deadline when that check began. When the
+latest answer says nothing of now (none yet, or a "ready" from before a quiet spell), up to WAITERS callers wait
+for the check under way, within its deadline: two probers (a kubelet and a blackbox exporter) get the same answer,
+while a flood holds at most WAITERS more threads for at most the deadline.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from app.backends.base import Readiness
 
 Clock = Callable[[], float]
 DEADLINE_S = 1.0  # /readyz answers within about this, 503 when Triton does not
+WAITERS = 2  # callers per worker that may wait for the check under way instead of an answer that says nothing
 
 
 @dataclass(frozen=True)
@@ -26,12 +30,16 @@ class Checked:
 
 class SharedCheck:
     def __init__(self, check: Callable[[], Readiness], *, deadline_s: float = DEADLINE_S,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, waiters: int = WAITERS) -> None:
         self._check = check
         self._deadline_s = deadline_s
         self._clock = clock
         self._running = threading.Lock()  # held by the one thread that waits on Triton
+        self._waiters = threading.BoundedSemaphore(waiters) if waiters else None
         self._lock = threading.Lock()  # guards what follows
+        self._done = threading.Condition(self._lock)  # notified when a check ends
+        self._checks = 0  # checks ended so far
+        self.waiting = 0  # callers waiting for the check under way now
         self._latest: Readiness | None = None
         self._latest_at = 0.0
         self._since: float | None = None  # when the check under way started
@@ -48,8 +56,34 @@ class SharedCheck:
             finally:
                 with self._lock:
                     self._since = None
+                    self._checks += 1
+                    self._done.notify_all()
                 self._running.release()
+        if self._says_nothing_of_now() and self._waiters and self._waiters.acquire(blocking=False):
+            try:
+                self._wait_for_the_check_under_way()
+            finally:
+                self._waiters.release()
         return Checked(self._latest_answer(), fresh=False)
+
+    def _says_nothing_of_now(self) -> bool:
+        with self._lock:
+            latest, at, since = self._latest, self._latest_at, self._since
+        if since is None:
+            return False  # the check ended meanwhile: its answer is the latest
+        return latest is None or (latest.ready and since - at > self._deadline_s)
+
+    def _wait_for_the_check_under_way(self) -> None:
+        with self._done:
+            if self._since is None:
+                return
+            left_s = self._since + self._deadline_s - self._clock()
+            checks = self._checks
+            self.waiting += 1
+            try:
+                self._done.wait_for(lambda: self._checks != checks, timeout=max(0.0, left_s))
+            finally:
+                self.waiting -= 1
 
     def _latest_answer(self) -> Readiness:
         with self._lock:

@@ -1,5 +1,6 @@
 """One thread per worker waits on Triton for readiness; the others get the latest answer at once, with its
-age. The breaker's health watcher is one thread for the breaker's life, however often it opens."""
+age, or, when that answer says nothing of now, a few of them wait for the check under way. The breaker's
+health watcher is one thread for the breaker's life, however often it opens."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 
 from app.backends.base import Readiness
 from app.breaker import CircuitBreaker
-from app.readiness import SharedCheck
+from app.readiness import Checked, SharedCheck
 from tests.support import FakeClock, wait_until
 
 
@@ -33,7 +34,7 @@ class SlowCheck:
 
 def test_while_one_thread_checks_the_others_get_the_latest_answer_at_once_with_its_age() -> None:
     clock, check = FakeClock(), SlowCheck()
-    shared = SharedCheck(check, deadline_s=1.0, clock=clock)
+    shared = SharedCheck(check, deadline_s=1.0, clock=clock, waiters=0)  # none waits for the first check
     first = threading.Thread(target=shared)
     first.start()
     wait_until(lambda: check.inside == 1, 10, "the first check to start")
@@ -62,22 +63,50 @@ def test_while_one_thread_checks_the_others_get_the_latest_answer_at_once_with_i
 
 
 def test_a_ready_answer_from_before_a_quiet_spell_is_not_repeated_while_a_check_is_under_way() -> None:
-    """A worker nobody probed for a while (Triton may have hung since): only the check under way can tell."""
+    """A worker nobody probed for a while (Triton may have hung since): only the check under way can tell, so two
+    callers wait for it and get its answer; a third, beyond WAITERS, gets the 503 at once."""
     clock, check = FakeClock(), SlowCheck()
-    shared = SharedCheck(check, deadline_s=1.0, clock=clock)
+    shared = SharedCheck(check, deadline_s=5.0, clock=clock, waiters=2)
     check.release.set()
     assert shared().readiness.ready
     check.release.clear()
-    clock.advance(10.0)
+    clock.advance(40.0)
     under_way = threading.Thread(target=shared)
     under_way.start()
     wait_until(lambda: check.inside == 1, 10, "the check to start")
+    waited: list[Checked] = []
+    waiters = [threading.Thread(target=lambda: waited.append(shared())) for _ in range(2)]
+    for thread in waiters:
+        thread.start()
+    wait_until(lambda: shared.waiting == 2, 10, "two callers to wait for the check under way")
     clock.advance(0.2)
-    meanwhile = shared()
+    meanwhile = shared()  # would wait too if the waiters were not bounded
     assert not meanwhile.fresh and not meanwhile.readiness.ready, meanwhile
-    assert "under way; its last answer is 10.2 s old" in meanwhile.readiness.detail
+    assert "under way; its last answer is 40.2 s old" in meanwhile.readiness.detail
+    assert not waited and check.inside == 1 and shared.waiting == 2  # it answered while the two still waited
+    check.answer = Readiness(False, "model 'resnet50' is not ready")
     check.release.set()
-    under_way.join(timeout=10)
+    for thread in (under_way, *waiters):
+        thread.join(timeout=10)
+    assert [(c.fresh, c.readiness.ready, c.readiness.detail, c.readiness.age_s) for c in waited] == \
+        [(False, False, "model 'resnet50' is not ready", 0.0)] * 2
+
+
+def test_a_caller_waits_for_the_check_under_way_no_longer_than_its_deadline() -> None:
+    """Triton hangs: a waiter gives up when the check's deadline passes (real time here: deadline 0.3 s) and
+    answers 503 while the check itself still waits."""
+    check = SlowCheck()
+    shared = SharedCheck(check, deadline_s=0.3)
+    under_way = threading.Thread(target=shared)
+    under_way.start()
+    try:
+        wait_until(lambda: check.inside == 1, 10, "the first check to start")
+        waited = shared()
+        assert not waited.readiness.ready and "first readiness check" in waited.readiness.detail, waited
+        assert check.inside == 1 and shared.waiting == 0
+    finally:
+        check.release.set()
+        under_way.join(timeout=10)
 
 
 def test_a_hundred_open_and_recover_cycles_use_one_health_watcher_thread() -> None:
