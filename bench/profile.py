@@ -112,7 +112,9 @@ def top(stacks: Counter[tuple[str, ...]], limit: int = 15, skip_waiting: bool = 
 
 # The stages of a /predict by the files of their code: a sample counts for the frame nearest its leaf that matches.
 STAGES = (
-    ("Triton request: build, send, parse", re.compile(r"^(tritonclient|geventhttpclient|gevent|grpc)/")),
+    # app/backends/triton/ too: its Wire moves the bytes of every infer call (tritonclient only builds and parses).
+    ("Triton request: build, send, parse",
+     re.compile(r"^(tritonclient|geventhttpclient|gevent|grpc|app/backends/triton)/")),
     ("batcher hand-off", re.compile(r"^app/batching\.py")),
     ("multipart cut", re.compile(r"^app/uploads\.py")),
     ("sniff", re.compile(r"^app/sniff\.py")),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import cpu
-from bench.profile import parse_raw, top
+from bench.profile import parse_raw, stages, top
 from bench.report import cpu_split, cpu_split_lines
 from tests.support import wait_until
 
@@ -73,6 +73,19 @@ def test_profile_summary_ranks_own_and_total_time(tmp_path: Path) -> None:
                                                                           ("handle (app.py)", 30.0)]
     assert [(e["function"], e["total_pct"]) for e in ranked["by_total"]] == [("handle (app.py)", 100.0),
                                                                              (f"run ({source})", 100.0)]
+
+
+def test_the_triton_call_is_one_stage_whichever_code_moves_its_bytes() -> None:
+    """The shim's own socket code for the infer call (app/backends/triton/) belongs to the Triton request, not to
+    "other shim code", where it once hid a sixth of the working samples."""
+    send = "_send (/x/app/batching.py:1);infer (/x/app/backends/triton/encoded.py:2)"
+    raw = (f"{send};Wire._send (/x/app/backends/triton/wire.py:3) 30\n"
+           f"{send};generate_request_body (/x/site-packages/tritonclient/http/_utils.py:4) 10\n"
+           "predict (/x/app/api.py:5);Router.route (/x/app/routing.py:6) 10\n"
+           "predict (/x/app/api.py:5);softmax (/x/app/scores.py:7) 50\n")
+    shares = stages(parse_raw(raw)[0])
+    assert (shares["Triton request: build, send, parse"], shares["other shim code"], shares["scores, top-k"]) == \
+        (40.0, 10.0, 50.0)
 
 
 def test_the_shims_cpu_split_adds_up_to_its_process_trees_cpu() -> None:
