@@ -432,11 +432,12 @@ def profile_lines(profile: dict[str, Any] | None) -> list[str]:
              f"({waiting or 'none'}) and are left out. Shares of the other {t['working_samples']}: own = the "
              "function's code and its C calls, total = anywhere on the stack.",
              ""]
-    split = profile["working"].get("stages") or {}
+    split, held = profile["working"].get("stages") or {}, g.get("stages") or {}
     if split:
         lines += ["By stage of a request (bench/profile.STAGES: the frame nearest each sample's leaf that names "
-                  "one):", "", *_head(["stage", "working samples %"])]
-        lines += [_row([name, _f(share)]) for name, share in split.items()]
+                  "one). Working samples count a thread inside a system call (a socket's send) as working; the "
+                  "GIL holder's are the Python work alone:", "", *_head(["stage", "working samples %", "GIL holder %"])]
+        lines += [_row([name, _f(share), _f(held.get(name))]) for name, share in split.items()]
         lines.append("")
     for key, title in (("by_own", "by own time"), ("by_total", "by total time")):
         lines += [f"Top {len(t[key])} {title}:", "", *_head(["function", "own %", "total %"])]
