@@ -35,7 +35,7 @@ class SharedCheck:
         self._deadline_s = deadline_s
         self._clock = clock
         self._running = threading.Lock()  # held by the one thread that waits on Triton
-        self._waiters = threading.BoundedSemaphore(waiters) if waiters else None
+        self._max_waiters = waiters
         self._lock = threading.Lock()  # guards what follows
         self._done = threading.Condition(self._lock)  # notified when a check ends
         self._checks = 0  # checks ended so far
@@ -59,29 +59,27 @@ class SharedCheck:
                     self._checks += 1
                     self._done.notify_all()
                 self._running.release()
-        if self._says_nothing_of_now() and self._waiters and self._waiters.acquire(blocking=False):
-            try:
-                self._wait_for_the_check_under_way()
-            finally:
-                self._waiters.release()
+        self._wait_if_the_latest_says_nothing_of_now()
         return Checked(self._latest_answer(), fresh=False)
 
-    def _says_nothing_of_now(self) -> bool:
-        with self._lock:
-            latest, at, since = self._latest, self._latest_at, self._since
-        if since is None:
-            return False  # the check ended meanwhile: its answer is the latest
-        return latest is None or (latest.ready and since - at > self._deadline_s)
+    def _before_a_quiet_spell(self, latest: Readiness, at: float, since: float | None) -> bool:
+        """A "ready" older than the deadline when the check under way began says nothing of now."""
+        return latest.ready and since is not None and since - at > self._deadline_s
 
-    def _wait_for_the_check_under_way(self) -> None:
+    def _wait_if_the_latest_says_nothing_of_now(self) -> None:
+        """No answer yet, or one from before a quiet spell: wait for the check under way (up to WAITERS callers),
+        within its deadline."""
         with self._done:
-            if self._since is None:
+            since, latest = self._since, self._latest
+            if since is None or self.waiting >= self._max_waiters:
                 return
-            left_s = self._since + self._deadline_s - self._clock()
+            if latest is not None and not self._before_a_quiet_spell(latest, self._latest_at, since):
+                return
             checks = self._checks
             self.waiting += 1
             try:
-                self._done.wait_for(lambda: self._checks != checks, timeout=max(0.0, left_s))
+                self._done.wait_for(lambda: self._checks != checks,
+                                    timeout=max(0.0, since + self._deadline_s - self._clock()))
             finally:
                 self.waiting -= 1
 
@@ -96,7 +94,7 @@ class SharedCheck:
         if latest.ready and waited > self._deadline_s:
             return Readiness(False, f"a readiness check has waited {waited:.1f} s for Triton (its last answer, "
                                     f"{age:.1f} s ago, was: {latest.detail})", age_s=age)
-        if latest.ready and since is not None and since - at > self._deadline_s:
+        if self._before_a_quiet_spell(latest, at, since):
             # A "ready" from before a quiet spell says nothing of now (a worker that nobody probed while Triton
             # hung): only the check under way can tell.
             return Readiness(False, f"a readiness check of Triton is under way; its last answer is {age:.1f} s "
