@@ -6,10 +6,12 @@ keep-alive clients landed 16 / 0, 9 / 7 and 12 / 4 on two workers (bench/RESULTS
 the workers"): one worker's GIL doing all the work, or two batchers with equal shares of Triton serving unequal
 numbers of clients, so that one group of clients waited 1.5-3x as long as the other.
 
-Connections that came before a worker was up (a restart, the first worker ready while the second boots) move
-too: their clients reconnect after an answer that says so, never in the middle of a request. The clients told
-to go count as gone from here and arrived there until their connection closes, so that the threads answering
-one batch at once move what evens the counts, not every client they answered (bench/RESULTS.md has both).
+Connections that came before a worker was up (a restart, the first worker ready while the second boots) move too:
+their clients reconnect after an answer that says so, never in the middle of a request. Whether a client moves is
+decided as its answer starts, so a request sent before the other worker was up moves with its own answer, not with
+the next one a cycle later (3.8 s batches on a CPU). The clients told to go count as gone from here and arrived
+there until their connection closes, so that the threads answering one batch at once move what evens the counts,
+not every client they answered (bench/RESULTS.md has both).
 
 A thread that has answered a kept-alive client waits up to LINGER_S for that client's next request and serves it
 too, while every connection of the worker can have a thread of its own: under load the next request comes
@@ -101,6 +103,7 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
         # other's decisions, so a 9 / 7 moves one client, not all that were answered together (then 6 / 10).
         self._leaving = 0
         self._leaving_lock = threading.Lock()
+        self._serving = threading.local()  # .conn: the connection this thread answers
 
     def _publish(self) -> None:
         if self.spread is not None:
@@ -124,15 +127,35 @@ class BalancedThreadWorker(ThreadWorker):  # type: ignore[misc]
             keepalive = super().handle(conn)
         return keepalive
 
+    def load_wsgi(self) -> None:
+        """The app, wrapped so that whether this client moves is decided as its answer starts (see handle_request)."""
+        super().load_wsgi()
+        app: Any = self.wsgi  # type: ignore[has-type]  # set by gunicorn, untyped
+
+        def deciding_at_the_answer(environ: dict[str, Any], start_response: Any) -> Any:
+            def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+                self._decide_move(start_response.__self__)  # gunicorn's Response, whose headers are not sent yet
+                return start_response(status, headers, exc_info)
+            return app(environ, start)
+
+        deciding_at_the_answer.__wrapped__ = app  # type: ignore[attr-defined]  # gunicorn_conf's worker_exit
+        self.wsgi = deciding_at_the_answer
+
     def handle_request(self, req: Any, conn: Any) -> Any:
-        if self.spread is not None:
-            spread, slot = self.spread
-            with self._leaving_lock:
-                if should_move(self.nr_conns, spread.fewest_elsewhere(slot), self._leaving):
-                    self._leaving += 1
-                    conn.shim_leaving = True
-                    req.must_close = True  # gunicorn answers `Connection: close` and closes after the answer
+        # Decided when the answer starts, not when the request does: a request begun before another worker was
+        # up (3.8 s batches on a CPU) would otherwise move its client only after the next one, a cycle later.
+        self._serving.conn = conn
         return super().handle_request(req, conn)
+
+    def _decide_move(self, resp: Any) -> None:
+        if self.spread is None or resp.must_close or resp.req.should_close():  # closing anyway (stopping, HTTP/1.0)
+            return
+        spread, slot = self.spread
+        with self._leaving_lock:
+            if should_move(self.nr_conns, spread.fewest_elsewhere(slot), self._leaving):
+                self._leaving += 1
+                self._serving.conn.shim_leaving = True
+                resp.force_close()  # gunicorn answers `Connection: close` and closes after the answer
 
     def finish_request(self, conn: Any, fs: Any) -> None:
         super().finish_request(conn, fs)  # on the main thread: a closed connection has left nr_conns here

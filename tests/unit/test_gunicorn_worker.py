@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import socket
+import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -131,3 +132,54 @@ def test_no_thread_lingers_while_the_worker_holds_more_connections_than_threads(
         assert crowded.served == [b"a"]
     finally:
         crowded.close()
+
+
+class Answer:
+    """The part of gunicorn's Response the worker's wrapper sees: start_response, and whether it closes anyway."""
+
+    def __init__(self, *, client_closes: bool = False) -> None:
+        self.must_close = False
+        self.req = SimpleNamespace(should_close=lambda: client_closes)
+        self.started: list[str] = []
+
+    def force_close(self) -> None:
+        self.must_close = True
+
+    def start_response(self, status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+        self.started.append(status)
+
+
+def loaded_worker(counts: list[int]) -> Any:
+    """A BalancedThreadWorker in slot 0 of a Spread holding `counts`, its app loaded as gunicorn loads it."""
+    spread = Spread(len(counts))
+    spread.counts[:] = counts
+    worker: Any = object.__new__(BalancedThreadWorker)
+    worker._leaving, worker._leaving_lock, worker._serving = 0, threading.Lock(), threading.local()
+    worker.spread, worker.nr_conns = (spread, 0), counts[0]
+
+    def flask_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        start_response("200 OK", [])
+        return [b"{}"]
+
+    worker.app = SimpleNamespace(wsgi=lambda: flask_app)
+    worker.load_wsgi()
+    worker.flask_app = flask_app
+    return worker
+
+
+def test_whether_a_client_moves_is_decided_as_its_answer_starts_and_the_app_stays_reachable() -> None:
+    worker = loaded_worker([16, 0])
+    assert worker.wsgi.__wrapped__ is worker.flask_app  # gunicorn_conf.worker_exit closes the app's Triton clients
+    conn, answer = SimpleNamespace(), Answer()
+    worker._serving.conn = conn
+    assert worker.wsgi({}, answer.start_response) == [b"{}"]
+    assert answer.started == ["200 OK"] and answer.must_close and conn.shim_leaving
+    assert worker._leaving == 1
+
+
+def test_an_answer_that_closes_anyway_is_not_counted_as_a_client_moving() -> None:
+    worker = loaded_worker([16, 0])
+    conn, answer = SimpleNamespace(), Answer(client_closes=True)  # e.g. the client sent `Connection: close`
+    worker._serving.conn = conn
+    worker.wsgi({}, answer.start_response)
+    assert worker._leaving == 0 and not hasattr(conn, "shim_leaving")
