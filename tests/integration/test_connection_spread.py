@@ -3,7 +3,9 @@ the first worker awake take all sixteen of a load generator's connections, so on
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 import psutil
 import pytest
 
-from devstack.launch import ServedApp
+from devstack.launch import ROOT, ServedApp, free_port
 from tests.conftest import start_shim, stop_soon
 
 if TYPE_CHECKING:
@@ -35,10 +37,16 @@ def two_workers(triton: EmbeddedTriton, test_repo: Path, test_model_pt: Path,
 def get(sock: socket.socket, port: int) -> tuple[int, bool]:
     """One keep-alive GET /healthz on `sock`: (status, whether the server asked to close)."""
     sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    status, close, _ = answer_of(sock)
+    return status, close
+
+
+def answer_of(sock: socket.socket) -> tuple[int, bool, str]:
+    """One answer read from `sock`: (status, whether the server asked to close, body)."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
-        assert chunk, "the shim closed the connection before answering"
+        assert chunk, "the server closed the connection before answering"
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
@@ -46,9 +54,9 @@ def get(sock: socket.socket, port: int) -> tuple[int, bool]:
     length = int(headers.get("content-length", "0"))
     while len(body) < length:
         chunk = sock.recv(65536)
-        assert chunk, "the shim closed the connection in the middle of an answer"
+        assert chunk, "the server closed the connection in the middle of an answer"
         body += chunk
-    return int(lines[0].split()[1]), headers.get("connection", "").lower() == "close"
+    return int(lines[0].split()[1]), headers.get("connection", "").lower() == "close", body.decode()
 
 
 def connect(port: int) -> socket.socket:
@@ -125,29 +133,9 @@ def post_worker_init(worker):
 '''
 
 
-def answer_of(sock: socket.socket) -> tuple[int, bool, str]:
-    """One answer read from `sock`: (status, whether the server asked to close, body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, "the server closed the connection before answering"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(body) < int(headers.get("content-length", "0")):
-        body += sock.recv(65536)
-    return int(lines[0].split()[1]), headers.get("connection", "").lower() == "close", body.decode()
-
-
 def test_requests_begun_before_the_second_worker_was_up_move_with_their_own_answer(tmp_path: Path) -> None:
     """A worker that took all sixteen connections alone tells clients to move in the answers to the requests they
     had sent before the other worker was up: a cycle sooner than with their next requests (3.8 s on a CPU)."""
-    import os
-    import sys
-
-    from devstack.launch import ROOT, ServedApp, free_port
-
     (tmp_path / "spread_probe.py").write_text(PROBE_APP)
     (tmp_path / "probe_conf.py").write_text(PROBE_CONF)
     second_up, answer = tmp_path / "second-up", tmp_path / "answer"
