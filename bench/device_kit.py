@@ -118,18 +118,21 @@ def machine() -> dict[str, Any]:
 
 
 def libraries() -> dict[str, Any]:
-    """ldd of every binary the server loads from the wheel: each "not found" line, named by its file."""
-    from devstack.wheel import find_wheel
+    """ldd of every binary the server loads from the wheel, in the environment the server starts with (this
+    Python's LIBDIR on LD_LIBRARY_PATH, as devstack adds it): each "not found" line, named by its file."""
+    from devstack.wheel import find_wheel, server_environment
 
     wheel = find_wheel()
+    env = server_environment()
     files = [wheel.binary, wheel.python_backend / "libtriton_python.so", wheel.stub,
              *sorted(wheel.caches.rglob("*.so"))]
-    out: dict[str, Any] = {"wheel": str(wheel.root), "checked": [str(f) for f in files], "not_found": {}}
+    out: dict[str, Any] = {"wheel": str(wheel.root), "checked": [str(f) for f in files], "not_found": {},
+                           "LD_LIBRARY_PATH": env.get("LD_LIBRARY_PATH", "")}
     for f in files:
         if not f.is_file():
             out["not_found"][str(f)] = ["(the file itself is missing)"]
             continue
-        run = subprocess.run(["ldd", str(f)], capture_output=True, text=True, timeout=60)
+        run = subprocess.run(["ldd", str(f)], capture_output=True, text=True, timeout=60, env=env)
         missing = [line.strip() for line in (run.stdout + run.stderr).splitlines() if "not found" in line]
         if missing:
             out["not_found"][str(f)] = missing
@@ -172,7 +175,8 @@ def python_env(plan: Plan) -> dict[str, Any]:
         raise RuntimeError(f"numpy {out['numpy']} in the python backend's environment: Triton 2.51's stub cannot "
                            "read numpy 2 tensors (install numpy<2 into the kit's venv: stage b's numpy 1.26.4)")
     if plan.gpu and not out["cuda_available"]:
-        raise RuntimeError(f"CUDA is not available to torch {out['torch']} in the python backend's environment")
+        raise RuntimeError(f"CUDA is not available to torch {out['torch']} in the python backend's environment: "
+                           f"{json.dumps(out)}")
     return out
 
 
@@ -578,10 +582,23 @@ def main(argv: list[str] | None = None) -> int:
         results.step("python_env", lambda: python_env(plan))
     if "c" in stages:
         measure(results, plan)
+    if args.dry_run:  # last: what every stage imported, against what a lent machine has
+        results.step("imports", staged_imports)
     results.write()
     print((args.out / "device_results.md").read_text())
     print(f"device kit: wrote {args.out / RESULTS} and device_results.md", flush=True)
     return 1 if results.data["errors"] else 0
+
+
+def staged_imports() -> dict[str, Any]:
+    """The dry run's check that a lent machine could import what this run did (bench/kit_imports.py)."""
+    from bench.kit_imports import unstaged
+
+    missing = unstaged(ROOT / "bench" / "device_check.sh")
+    if missing:
+        raise RuntimeError(f"imported here, but neither on a lent machine's host nor in a stage of "
+                           f"bench/device_check.sh (add each to a STAGE_ array and to .kit/): {json.dumps(missing)}")
+    return {"unstaged": missing}
 
 
 def measure(results: Results, plan: Plan) -> None:

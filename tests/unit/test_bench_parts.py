@@ -192,3 +192,28 @@ def test_a_group_of_clients_kept_waiting_shows_in_the_client_spread() -> None:
     assert summarize(even)["client_spread"] == pytest.approx(1.0)
     assert summarize(held)["client_spread"] == pytest.approx(3.0)
     assert summarize(Outcome(window_s=10.0))["client_spread"] is None
+
+
+def test_the_kit_knows_what_a_lent_machine_cannot_import(tmp_path: Path) -> None:
+    """bench/kit_imports.py: the device kit's own imports (bench.stack needs psutil; tritonclient, ml-dtypes) are
+    carried by a stage; a script whose stages lack them is told so, naming the module and its distribution. In a
+    fresh interpreter, as the dry run's: pytest's own modules are not the kit's."""
+    import json
+
+    from bench.kit_imports import staged
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "device_check.sh"
+    assert {"psutil", "ml-dtypes", "tritonclient", "flask", "nvidia-pytriton"} <= staged(script)
+    lacking = tmp_path / "device_check.sh"
+    lacking.write_text(script.read_text().replace(" psutil==7.2.2", "").replace(" ml-dtypes==0.5.4", ""))
+
+    def unstaged(path: Path) -> object:
+        code = ("import json, sys, pathlib, tritonclient.http, bench.stack; from bench.kit_imports import unstaged; "
+                "print(json.dumps(unstaged(pathlib.Path(sys.argv[1]))))")
+        run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                             cwd=script.parents[1])
+        assert run.returncode == 0, run.stderr[-2000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    assert unstaged(script) == {}
+    assert unstaged(lacking) == {"ml_dtypes": ["ml-dtypes"], "psutil": ["psutil"]}
