@@ -32,6 +32,10 @@
 #     bash bench/device_check.sh --dry-run [OUT]   # here (make test): every stage, the GPU plan's shapes, a
 #                                                  # near-free model and the CPU, from a copy of the work tree
 #                                                  # as the lent machine gets it (git's tracked + unignored files)
+#     bash bench/device_check.sh --rehearse [OUT]  # here, after --prepare (about 3 minutes): a Python 3.12
+#                                                  # host with torch and numpy 2 in /tmp/kit-host, the three
+#                                                  # stages installed from .kit/ into /tmp/kit as the calls do,
+#                                                  # then the dry run in that environment
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=/tmp/kit
@@ -107,5 +111,22 @@ case "${1:-}" in
     fi
     cd "$tree/repo"
     PYTHONPATH="$tree/repo" "$python" -m bench.device_kit --dry-run --out "$out" ;;
+  --rehearse)  # the lent machine's shape made here, then the dry run inside it (header)
+    host=${REHEARSE_PYTHON:-python3.12}
+    if ! "$host" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      echo "device_check: --rehearse needs a Python 3.12 (the stages' wheels are cp312): set REHEARSE_PYTHON" >&2
+      exit 2
+    fi
+    for stage in a b c; do
+      [ -d ".kit/$stage" ] || { echo "device_check: .kit/$stage is missing: run --prepare first" >&2; exit 2; }
+    done
+    rm -rf "$KIT-host" && "$host" -m venv "$KIT-host"
+    [ -x .cache/tools/uv/bin/uv ] || make --no-print-directory .cache/tools/uv/bin/uv
+    # the host's packages as the header lists them (torch 2.14.1 here, 2.11 there), with their dependencies
+    .cache/tools/uv/bin/uv pip install --quiet --python "$KIT-host/bin/python" torch==2.14.1 torchvision==0.29.1 \
+      'numpy>=2' pillow prometheus-client werkzeug
+    export PATH="$KIT-host/bin:$PATH"  # python3 is the host's, as on the lent machine
+    for stage in a b c; do install_stage "$stage"; done
+    PYTHON="$VENV/bin/python" exec bash "$0" --dry-run "${2:-bench/out/device-rehearsal}" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
