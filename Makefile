@@ -149,8 +149,8 @@ test-prod: $(PROD_VENV)/.installed install
 	env -u PYTHONDONTWRITEBYTECODE TESTS_ENV=production $(PROD_PY) -m pytest -m prod $(PYTEST_ARGS)
 
 # Every lock file of requirements/ from pyproject.toml (requirements/lock.py says how they chain), with uv from
-# its own locked virtualenv (which the installs above use too). Needs PyPI; it never reads pip's configuration or a local index. It keeps the
-# pins that still fit; `make lock UPGRADE=1` takes the newest releases the bounds allow.
+# its own locked virtualenv (the installs above use it too). Needs PyPI; it never reads pip's configuration or a
+# local index. It keeps the pins that still fit; `make lock UPGRADE=1` takes the newest releases the bounds allow.
 lock: $(UV)
 	$(PYTHON) requirements/lock.py --uv $(UV) $(if $(UPGRADE),--upgrade)
 

@@ -96,7 +96,8 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def worker_exit(server: Any, worker: Any) -> None:
-    app = getattr(getattr(worker, "wsgi", None), "__wrapped__", None)  # the Flask app in the worker's wrapper
+    wsgi = getattr(worker, "wsgi", None)
+    app = getattr(wsgi, "__wrapped__", wsgi)  # the Flask app, inside app/gunicorn_worker.py's wrapper
     shim = getattr(app, "extensions", {}).get("shim") if app is not None else None
     if shim is not None:
         shim.close()  # closes Triton connections, so Triton's own shutdown does not wait on them
