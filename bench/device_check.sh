@@ -112,8 +112,13 @@ case "${1:-}" in
     cd "$tree/repo"
     PYTHONPATH="$tree/repo" "$python" -m bench.device_kit --dry-run --out "$out" ;;
   --rehearse)  # the lent machine's shape made here, then the dry run inside it (header)
-    host=${REHEARSE_PYTHON:-python3.12}
-    if ! "$host" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+    host=""
+    for candidate in ${REHEARSE_PYTHON:-python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12}; do
+      if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+        host=$candidate && break
+      fi
+    done
+    if [ -z "$host" ]; then
       echo "device_check: --rehearse needs a Python 3.12 (the stages' wheels are cp312): set REHEARSE_PYTHON" >&2
       exit 2
     fi
