@@ -14,9 +14,6 @@ import re
 import sys
 from pathlib import Path
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-
 # On the machine before the kit installs anything, with whatever these require (pip installed them so).
 DEVICE_HOST = ("torch", "torchvision", "numpy", "pillow", "prometheus-client", "werkzeug")
 OWN_PACKAGES = {"app", "bench", "devstack", "modelrepo", "report", "tests"}
@@ -25,16 +22,20 @@ NOT_THE_SHIMS = {"app.gunicorn_conf"}  # reads the settings at import: gunicorn'
 OPTIONAL = {"tqdm"}  # torch.hub's progress bar
 
 
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def staged(script: Path) -> set[str]:
     """The distributions the script's STAGE_A/B/C arrays pin."""
     blocks = re.findall(r"^STAGE_[ABC]=\((.*?)\)", script.read_text(), re.S | re.M)
-    return {canonicalize_name(Requirement(pin).name) for block in blocks for pin in block.split()}
+    return {canonical(pin.split("==")[0]) for block in blocks for pin in block.split()}
 
 
 def with_requirements(names: set[str]) -> set[str]:
-    """`names` and everything they require here, no extras (pip installed them so), as installed in this Python."""
+    """`names` and everything they require unconditionally, as installed here."""
     seen: set[str] = set()
-    todo = [canonicalize_name(n) for n in names]
+    todo = [canonical(n) for n in names]
     while todo:
         name = todo.pop()
         if name in seen:
@@ -44,10 +45,9 @@ def with_requirements(names: set[str]) -> set[str]:
             requires = importlib.metadata.requires(name) or []
         except importlib.metadata.PackageNotFoundError:
             continue
-        for line in requires:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                todo.append(canonicalize_name(requirement.name))
+        for requirement in requires:
+            if "extra ==" not in requirement:
+                todo.append(canonical(re.split(r"[ ;<>=!~\[(]", requirement, maxsplit=1)[0]))
     return seen
 
 
@@ -69,7 +69,7 @@ def unstaged(script: Path) -> dict[str, list[str]]:
     for module in sorted({name.partition(".")[0] for name in list(sys.modules)}):
         if module in sys.stdlib_module_names or module in OWN_PACKAGES | OPTIONAL or module not in owners:
             continue
-        dists = sorted({canonicalize_name(d) for d in owners[module]})
+        dists = sorted({canonical(d) for d in owners[module]})
         if not allowed.intersection(dists):
             missing[module] = dists
     return missing
