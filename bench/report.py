@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -23,6 +24,9 @@ SEED_ROWS: tuple[dict[str, Any], ...] = (
 )
 ORDER = ("legacy", "litserve", "triton-instances", "triton-batching", "direct")
 NUMBER = {"direct": 0, "legacy": 1, "triton-instances": 2, "triton-batching": 3, "litserve": 4}
+# Good answers each client has before the window opens, so that the window shows the steady state rather than the
+# start: until then closed-loop clients are still settling into batches (bench/RESULTS.md, "The morning of 12-08").
+SETTLED_ANSWERS = 3
 
 
 def summarize(outcome: Outcome) -> dict[str, Any]:
@@ -39,6 +43,7 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "error_kinds": dict(kinds),
         "warmup_answers": len(warmup),
         "warmup_errors": sum(1 for i in warmup if outcome.errors[i]),
+        "warmup_answers_fewest": fewest_warmup_answers(outcome),
         "unfinished": outcome.unfinished,
         "window_s": window,
         "qps": len(good) / window if window else 0.0,
@@ -49,6 +54,31 @@ def summarize(outcome: Outcome) -> dict[str, Any]:
         "loadgen_cpu_ms_per_request": 1000 * outcome.cpu_s / len(measured) if measured else None,
         "client_spread": client_spread(outcome, measured),
     }
+
+
+def fewest_warmup_answers(outcome: Outcome) -> int | None:
+    """The fewest good answers any client had before the window opened (None: no client sent anything)."""
+    counts = dict.fromkeys(outcome.clients, 0)
+    for client, end, error in zip(outcome.clients, outcome.ends, outcome.errors, strict=True):
+        if end < 0 and not error:
+            counts[client] += 1
+    return min(counts.values()) if counts else None
+
+
+def short_warmup_notes(rows: Sequence[dict[str, Any]], warmup_s: float) -> list[str]:
+    """A note per row whose warm-up left a client with fewer than SETTLED_ANSWERS answers, with the warm-up that
+    would give each client that many at the row's median latency."""
+    notes = []
+    for row in rows:
+        fewest, p50 = row.get("warmup_answers_fewest"), row.get("p50_ms")
+        if fewest is None or fewest >= SETTLED_ANSWERS or not p50:
+            continue
+        enough = 5 * math.ceil(SETTLED_ANSWERS * p50 / 1000 / 5)
+        notes.append(f"{row['label']}, {row['concurrency']} clients: a client had {fewest} answer"
+                     f"{'s' * (fewest != 1)} in the {warmup_s:g} s warm-up, so the window may still hold the start-up "
+                     f"(clients not yet settled into their rhythm), its p99 most: `--warmup {enough}` or more "
+                     "measures the steady state.")
+    return notes
 
 
 def client_spread(outcome: Outcome, measured: Sequence[int]) -> float | None:

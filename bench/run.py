@@ -27,7 +27,7 @@ from typing import Any
 from app import settings as shim_settings
 from bench import perf_analyzer, stack
 from bench.loadgen import Job, LoadGenerator, Outcome, StubServer, multipart_request, post_request
-from bench.report import NUMBER, ORDER, SEED_ROWS, cpu_columns, markdown, plot, ratios, summarize
+from bench.report import NUMBER, ORDER, SEED_ROWS, cpu_columns, markdown, plot, ratios, short_warmup_notes, summarize
 from devstack import launch
 from modelrepo.export import write_labels
 
@@ -636,6 +636,7 @@ def classic(args: argparse.Namespace, argv: Sequence[str] | None) -> tuple[int, 
             run.stopper.later(lambda: shutil.rmtree(work, ignore_errors=True))  # after the servers using it
             run.close(settle=not args.both)  # --both: the front-end rows' setup overlaps the last stops
 
+    notes += short_warmup_notes(run.rows, args.warmup)
     if not args.triton_url and machine["usable_cores"] and machine["usable_cores"] <= 4:
         notes.append(f"Only {machine['usable_cores']} CPU cores: the load generator, the server under test and "
                      "(for the shim) Triton share them, so every configuration is bounded by the same CPU.")

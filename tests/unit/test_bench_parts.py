@@ -194,6 +194,28 @@ def test_a_group_of_clients_kept_waiting_shows_in_the_client_spread() -> None:
     assert summarize(Outcome(window_s=10.0))["client_spread"] is None
 
 
+def test_a_warm_up_too_short_for_the_clients_to_settle_is_named_with_one_that_is_long_enough() -> None:
+    """Closed-loop clients at 2 s a request get 2 answers each from a 5 s warm-up: the window may hold the start."""
+    from bench.loadgen import Outcome
+    from bench.report import SETTLED_ANSWERS, short_warmup_notes, summarize
+
+    slow = Outcome(window_s=20.0)
+    for client in range(4):
+        start = -5.0
+        while start < 20.0:  # a request every 2 s; the first one of client 3 fails
+            slow.record(start, start + 2.0, 0.0, error="HTTP 503" if (client, start) == (3, -5.0) else "",
+                        client=client)
+            start += 2.0
+    row = {"label": "(3) shim", "concurrency": 4, **summarize(slow)}
+    assert row["warmup_answers_fewest"] == 1, "client 3's failed answer is no answer"
+    (note,) = short_warmup_notes([row], warmup_s=5.0)
+    assert note.startswith("(3) shim, 4 clients: a client had 1 answer in the 5 s warm-up")
+    assert "`--warmup 10` or more" in note  # 3 answers at the row's p50 of 2 s, in steps of 5 s
+
+    settled = {**row, "warmup_answers_fewest": SETTLED_ANSWERS}
+    assert short_warmup_notes([settled, {**row, "warmup_answers_fewest": None}], warmup_s=5.0) == []
+
+
 def test_the_kit_knows_what_a_lent_machine_cannot_import(tmp_path: Path) -> None:
     """bench/kit_imports.py: the device kit's own imports (bench.stack needs psutil; tritonclient, ml-dtypes) are
     carried by a stage; a script whose stages lack them is told so, naming the module and its distribution. In a
