@@ -7,12 +7,11 @@ does); the rest takes the shim's CPU path and its 400 / 413, each reason a label
 
 from __future__ import annotations
 
-import io
 import struct
 
 from PIL import Image, UnidentifiedImageError
 
-from app.preprocess import ImageSpec, resized_size
+from app.preprocess import ImageSpec, open_upload, resized_size
 
 FORMATS = frozenset({"JPEG"})
 MODES = frozenset({"RGB", "L"})
@@ -23,7 +22,7 @@ def cpu_reason(data: bytes, spec: ImageSpec) -> str | None:
     if not data:
         return "unreadable"
     try:
-        with Image.open(io.BytesIO(data)) as image:  # the header only
+        with open_upload(data) as image:  # the header only
             kind, mode, (width, height) = image.format, image.mode, image.size
     except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning, OSError,
             ValueError, SyntaxError, EOFError, struct.error):

@@ -110,6 +110,16 @@ def test_bad_input_gets_its_4xx_in_the_contracts_shape(app: App, upload: Upload)
     assert app.triton.batches == [], "bad input must never reach a backend"
 
 
+def test_an_eps_upload_is_a_400_not_a_postscript_run(app: App) -> None:
+    """Pillow would hand EPS to Ghostscript (app/preprocess.py, REFUSED_FORMATS): the shim refuses it as a format
+    it does not read, before any backend sees it."""
+    eps = Upload("eps", 400, files={"image": ("figure.eps", encode(photo(64, 48), "EPS"))})
+    answer = send(app.client, eps)
+    assert answer.status_code == 400 and answer.json["error"] == "invalid_image", answer.json
+    assert "not an image format this service reads" in answer.json["message"]
+    assert app.triton.batches == [] and app.legacy.batches == []
+
+
 def test_too_many_form_parts_says_so_not_that_the_upload_is_too_big(app: App) -> None:
     parts = {f"f{i}": "x" for i in range(1001)}
     answer = post_multipart(app.client, parts)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -27,8 +31,6 @@ def test_same_tensor_as_torchvision(size: tuple[int, int]) -> None:
 def test_same_tensor_for_every_image_kind_the_contract_accepts(upload: object) -> None:
     data = upload.files["image"][1]  # type: ignore[attr-defined]
     ours = to_tensor(decode(data, SPEC), SPEC)
-    import io
-
     theirs = reference_transform()(Image.open(io.BytesIO(data)).convert("RGB"))
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
 
@@ -48,6 +50,33 @@ def test_decode_refuses_with_the_contracts_errors() -> None:
     small = ImageSpec(max_pixels=1000)
     with pytest.raises(TooLarge):
         decode(encode(photo(100, 100), "PNG"), small)
+
+
+def test_an_eps_upload_is_refused_without_running_ghostscript(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pillow reads EPS by running Ghostscript on it. A stand-in `gs` that leaves a mark shows it never runs: the
+    upload is refused as a format this service does not read, by decode() and by the encoded route's sniff."""
+    from PIL import EpsImagePlugin
+
+    from app.sniff import cpu_reason
+
+    mark = tmp_path / "ghostscript-ran"
+    gs = tmp_path / "gs"
+    gs.write_text(f"#!/bin/sh\ntouch {mark}\nexit 1\n")
+    gs.chmod(0o755)
+    monkeypatch.setattr(EpsImagePlugin, "gs_binary", str(gs))
+    eps = encode(photo(64, 48), "EPS")
+    # What Image.open alone does with it (Pillow raises what the failed `gs` run raised: no 4xx the API knows)
+    with pytest.raises(subprocess.CalledProcessError), Image.open(io.BytesIO(eps)) as image:
+        assert image.format == "EPS"
+        image.load()
+    assert mark.exists(), "the stand-in for Ghostscript did not run: this test would prove nothing"
+    mark.unlink()
+
+    with pytest.raises(InvalidImage, match="not an image format this service reads"):
+        decode(eps, SPEC)
+    assert cpu_reason(eps, SPEC) == "unreadable"
+    assert not mark.exists()
 
 
 INTERPOLATIONS = ["nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos"]
