@@ -17,7 +17,7 @@ import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
 from app.description import CROP, IMAGENET_MEAN, IMAGENET_STD, INTERPOLATION, INTERPOLATIONS, RESIZE, Size, pair
-from app.errors import EmptyImage, InvalidImage, TooLarge
+from app.errors import EmptyImage, InvalidImage, ShimError, TooLarge
 
 if TYPE_CHECKING:
     from app.description import ModelDescription
@@ -91,7 +91,9 @@ def open_upload(data: bytes) -> Image.Image:
 
 
 def decode(data: bytes, spec: ImageSpec) -> Image.Image:
-    """Bytes -> RGB image, or the contract's error. Only the header is read before the size check."""
+    """Bytes -> RGB image, or the contract's error. Only the header is read before the size check. Any exception
+    of Pillow's parsing is the upload's 400: fuzzed uploads raised more than OSError and ValueError (a DDS header
+    NotImplementedError, a SPIDER header AttributeError), and each was a 500 before."""
     if not data:
         raise EmptyImage()
     try:
@@ -101,11 +103,13 @@ def decode(data: bytes, spec: ImageSpec) -> Image.Image:
             raise TooLarge(f"image is {width}x{height} pixels; the limit is {spec.max_pixels:,} pixels")
         image.load()  # decodes (the first frame of an animation); truncated files fail here
         return to_rgb(image, spec)
+    except (ShimError, MemoryError):  # our own refusal above; a process out of memory is not the upload's 400
+        raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise TooLarge(f"image is too large to decode safely: {e}") from e
     except UnidentifiedImageError as e:
         raise InvalidImage("the uploaded file is not an image format this service reads") from e
-    except (OSError, ValueError, SyntaxError, EOFError) as e:
+    except Exception as e:  # whatever a malformed file trips in one of Pillow's 40-odd parsers
         raise InvalidImage(f"the uploaded file is not a readable image ({type(e).__name__}: {e})") from e
 
 

@@ -53,6 +53,18 @@ def png_header_only(width: int, height: int) -> bytes:
             + chunk(b"IEND", b""))
 
 
+def malformed_uploads() -> dict[str, tuple[bytes, type[Exception]]]:
+    """Uploads a fuzzer found (app.preprocess.decode's docstring), each with what Pillow itself raises on them:
+    neither is an OSError or a ValueError, so only a decoder that takes any parser failure as the upload's refuses
+    them with a 400."""
+    dds = bytearray(encode(photo(64, 48, seed=14), "DDS"))
+    dds[80:84] = bytes(4)  # the pixel format's flags: none that Pillow knows
+    spider = bytearray(encode(Image.fromarray(photo(64, 48, seed=15)).convert("L"), "SPIDER"))
+    spider[107] = 90  # a header float that makes it a stack, whose offset Pillow's plugin never sets
+    return {"dds of an unknown pixel format": (bytes(dds), NotImplementedError),
+            "spider of a broken stack header": (bytes(spider), AttributeError)}
+
+
 def valid_uploads() -> list[Upload]:
     return list(_valid_uploads())
 

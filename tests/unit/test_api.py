@@ -22,7 +22,7 @@ from app import create_app
 from app.settings import Mode, Settings
 from tests.fakes import EchoBackend, with_traffic, write_model_repo
 from tests.support import encode, photo
-from tests.uploads import Upload, bad_uploads, valid_uploads
+from tests.uploads import Upload, bad_uploads, malformed_uploads, valid_uploads
 
 pytestmark = pytest.mark.prod  # make test-prod runs these too: numpy 2, no torch, no Triton
 
@@ -118,6 +118,14 @@ def test_an_eps_upload_is_a_400_not_a_postscript_run(app: App) -> None:
     assert answer.status_code == 400 and answer.json["error"] == "invalid_image", answer.json
     assert "not an image format this service reads" in answer.json["message"]
     assert app.triton.batches == [] and app.legacy.batches == []
+
+
+@pytest.mark.parametrize("name", malformed_uploads())
+def test_a_file_that_trips_pillow_is_a_400_not_a_500(app: App, name: str) -> None:
+    data, raised = malformed_uploads()[name]
+    answer = send(app.client, Upload(name, 400, files={"image": ("upload.bin", data)}))
+    assert answer.status_code == 400 and answer.json["error"] == "invalid_image", answer.json
+    assert raised.__name__ in answer.json["message"]
 
 
 def test_too_many_form_parts_says_so_not_that_the_upload_is_too_big(app: App) -> None:

@@ -13,7 +13,7 @@ from PIL import Image
 from app.errors import EmptyImage, InvalidImage, TooLarge
 from app.preprocess import ImageSpec, decode, to_tensor
 from tests.support import encode, photo, reference_transform
-from tests.uploads import png_header_only, valid_uploads
+from tests.uploads import malformed_uploads, png_header_only, valid_uploads
 
 SPEC = ImageSpec()
 
@@ -77,6 +77,52 @@ def test_an_eps_upload_is_refused_without_running_ghostscript(tmp_path: Path,
         decode(eps, SPEC)
     assert cpu_reason(eps, SPEC) == "unreadable"
     assert not mark.exists()
+
+
+@pytest.mark.parametrize("name", malformed_uploads())
+def test_a_malformed_file_that_trips_pillow_is_the_uploads_400(name: str) -> None:
+    from app.sniff import cpu_reason
+
+    data, raised = malformed_uploads()[name]
+    with pytest.raises(raised), Image.open(io.BytesIO(data)) as image:  # Pillow alone: neither OSError nor ValueError
+        image.load()
+    with pytest.raises(InvalidImage, match=f"not a readable image \\({raised.__name__}: "):
+        decode(data, SPEC)
+    assert cpu_reason(data, SPEC) == "unreadable"
+
+
+@pytest.mark.filterwarnings("ignore")  # as in production: Pillow's warnings are not raised (pytest's are)
+def test_fuzzed_uploads_of_every_format_get_only_the_contracts_errors() -> None:
+    """Seeded mutations (bytes changed, cut, inserted) of small images in the formats Pillow writes: decode and the
+    tensor either succeed or raise the contract's error. This seed found the DDS failure above."""
+    import random
+
+    from app.errors import ShimError
+
+    rng = random.Random(1)
+    image = Image.fromarray(photo(64, 48, seed=16))
+    seeds = [encode(image.convert(mode), fmt) for fmt, mode in [
+        ("JPEG", "RGB"), ("PNG", "RGB"), ("GIF", "P"), ("BMP", "RGB"), ("TIFF", "RGB"), ("WEBP", "RGB"),
+        ("ICO", "RGB"), ("PPM", "RGB"), ("TGA", "RGB"), ("PCX", "RGB"), ("SGI", "RGB"), ("DDS", "RGB"),
+        ("QOI", "RGB"), ("SPIDER", "L"), ("JPEG2000", "RGB"), ("MSP", "1")]]
+    escaped = []
+    for _ in range(3000):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 8)):
+            at, kind = rng.randrange(len(data)), rng.random()
+            if kind < 0.6:
+                data[at] = rng.randrange(256)
+            elif kind < 0.8:
+                del data[at:at + rng.randint(1, 64)]
+            else:
+                data[at:at] = rng.randbytes(rng.randint(1, 16))
+        try:
+            to_tensor(decode(bytes(data), SPEC), SPEC)
+        except ShimError:
+            pass
+        except Exception as e:  # what the API would have answered with a 500
+            escaped.append(f"{type(e).__name__}: {e}")
+    assert not escaped, escaped[:5]
 
 
 INTERPOLATIONS = ["nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos"]
