@@ -113,3 +113,41 @@ def test_a_delimiter_right_after_the_headers_answers_as_werkzeug_does() -> None:
                  b"--x\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a\"\r\n\r\n\r\n--x--\r\n"):
         fast, reference = fast_and_werkzeug(body, "multipart/form-data; boundary=x")
         assert fast == reference, (body, fast, reference)
+
+
+def test_a_delimiter_after_a_lone_lf_or_cr_inside_a_part_answers_as_werkzeug_does() -> None:
+    """werkzeug ends a part at a delimiter after any line break; the fast path once took it as the part's data
+    (a different image, or none, from the legacy app's)."""
+    for lone in (b"\n", b"\r"):
+        body, content_type = encode([("image", ("a.jpg", PHOTO + lone + b"--b0undary\r\nX: y\r\n\r\nrest")),
+                                     ("image", ("b.jpg", b"second"))])
+        fast, reference = fast_and_werkzeug(body, content_type)
+        assert fast == reference, (lone, fast if not isinstance(fast, bytes) else len(fast))
+
+
+def test_mutated_bodies_answer_as_werkzeug_does() -> None:
+    """Seeded mutations of well-formed bodies, weighted to the bytes multipart is made of: the same image (or none,
+    or the same refusal) either way. This seed found the lone-LF delimiters above."""
+    import random
+
+    rng = random.Random(1)
+    seeds = [encode(fields)[0] for fields in (
+        [("image", ("a.jpg", PHOTO[:300], "image/jpeg"))],
+        [("note", "hello"), ("image", ("a.jpg", PHOTO[:300]))],
+        [("image", ("a.jpg", PHOTO[:300])), ("image", ("b.jpg", PHOTO[300:600]))])]
+    pieces = [b"\r\n", b"\n", b"\r", b"--", b"--b0undary", b"\r\n--b0undary\r\n", b'"', b";", b"filename="]
+    differ = []
+    for _ in range(5000):
+        body = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 4)):
+            at, kind = rng.randrange(len(body)), rng.random()
+            if kind < 0.5:
+                body[at] = rng.choice([13, 10, 45, 34, 59, 61, 58, 32, rng.randrange(256)])
+            elif kind < 0.75:
+                del body[at:at + rng.randint(1, 8)]
+            else:
+                body[at:at] = rng.choice(pieces)
+        fast, reference = fast_and_werkzeug(bytes(body), "multipart/form-data; boundary=b0undary")
+        if fast != reference:
+            differ.append(bytes(body))
+    assert not differ, differ[:2]
