@@ -8,6 +8,7 @@ module and nothing else (taken from examples/legacy_app.py; tests/integration/te
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,3 +40,16 @@ def prediction_body(model: str, predictions: Sequence[Prediction]) -> dict[str, 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": code, "message": message}
+
+
+def server_error_response(status: int, reason: str, detail: str) -> bytes:
+    """A whole HTTP response, in the contract's shape, for what gunicorn answers itself: a request line or header
+    it cannot parse (400, 414, 431), a broken chunked body. nginx answers the same codes in front of it."""
+    code = "bad_request" if status < 500 else "internal_error"
+    if code == "bad_request" and "chunk" in detail.lower():
+        code = "invalid_body"  # nginx's code for a broken chunked body
+    message = f"the request could not be read: {reason.lower()}{f' ({detail})' if detail else ''}"
+    body = json.dumps(error_body(code, message)).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode("latin-1") + body

@@ -69,6 +69,18 @@ def on_starting(server: Any) -> None:
     os.makedirs(_metrics_dir, exist_ok=True)
 
 
+def post_worker_init(worker: Any) -> None:
+    """gunicorn answers a request it cannot parse itself, with an HTML page: the contract's JSON instead."""
+    from gunicorn import util
+
+    from app.contract import server_error_response
+
+    def write_error(sock: Any, status: int, reason: str, detail: str) -> None:
+        util.write_nonblock(sock, server_error_response(status, reason, detail))
+
+    util.write_error = write_error  # called by the worker's handle_error, after gunicorn's own logging
+
+
 # Behind nginx (SHIM_PROXY_LOG_ADDRESS set): nginx's answers counted in /metrics by a process of the master's.
 _proxy_log: "list[Supervisor]" = []
 

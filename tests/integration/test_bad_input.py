@@ -140,3 +140,23 @@ def test_a_chunked_upload_over_the_limit_stops_at_the_limit(shim_triton: ServedA
     raw = raw_exchange(shim_triton, head, [block] * 64, timeout_s=60)  # 64 MiB offered, the limit is 16
     status, body = status_and_body(raw)
     assert status == 413 and body["error"] == "too_large" and "went past the limit" in body["message"], raw[:300]
+
+
+@pytest.mark.parametrize(("head", "status"), [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"POST /predict HTTP/9.9\r\nHost: x\r\n\r\n", 400),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello", 400),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"POST /predict HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(120)) + b"\r\n", 431),
+], ids=["request line", "HTTP version", "two lengths", "folded header", "long URI", "too many headers"])
+def test_a_request_gunicorn_cannot_parse_gets_the_contracts_json(shim_triton: ServedApp, head: bytes,
+                                                                 status: int) -> None:
+    """gunicorn answers these itself, before the app (`make run` has no nginx in front): in the contract's shape,
+    not gunicorn's HTML page."""
+    raw = raw_exchange(shim_triton, head, timeout_s=20)
+    got, body = status_and_body(raw)
+    assert got == status, raw[:300]
+    assert b"\r\nContent-Type: application/json\r\n" in raw.partition(b"\r\n\r\n")[0] + b"\r\n", raw[:300]
+    assert body["error"] == "bad_request" and body["message"].startswith("the request could not be read: "), body
+    assert set(body) == {"error", "message"}
