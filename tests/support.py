@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,23 @@ def free_ports(count: int) -> list[int]:
             _HANDED_OUT.add(port)
             ports.append(port)
     return ports
+
+
+def mutated(rng: random.Random, seeds: Sequence[bytes], count: int, *, edits: int, cut: int,
+            new_byte: Callable[[], int], inserted: Callable[[], bytes]) -> Iterator[bytes]:
+    """`count` fuzzed copies of `seeds`, each with 1 to `edits` edits: a byte replaced (half of them), up to `cut`
+    bytes cut (a quarter) or bytes inserted (a quarter)."""
+    for _ in range(count):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, edits)):
+            at, kind = rng.randrange(len(data) or 1), rng.random()
+            if kind < 0.5 and data:
+                data[at] = new_byte()
+            elif kind < 0.75:
+                del data[at:at + rng.randint(1, cut)]
+            else:
+                data[at:at] = inserted()
+        yield bytes(data)
 
 
 def reference_transform() -> Callable[[Image.Image], np.ndarray]:
