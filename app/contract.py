@@ -44,11 +44,11 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 
 def server_error_response(status: int, reason: str, detail: str) -> bytes:
     """A whole HTTP response, in the contract's shape, for what gunicorn answers itself: a request line or header
-    it cannot parse (400, 414, 431), a broken chunked body. nginx answers the same codes in front of it."""
-    code = "bad_request" if status < 500 else "internal_error"
-    if code == "bad_request" and "chunk" in detail.lower():
-        code = "invalid_body"  # nginx's code for a broken chunked body
-    message = f"the request could not be read: {reason.lower()}{f' ({detail})' if detail else ''}"
+    it cannot parse (400, 414, 431), a broken chunked body, an app that failed outside Flask (500)."""
+    code, message = "internal_error", "internal error"  # gunicorn's answer when the app itself failed
+    if status < 500:
+        code = "invalid_body" if "chunk" in detail.lower() else "bad_request"  # nginx's codes for the same
+        message = f"the request could not be read: {reason.lower()}{f' ({detail})' if detail else ''}"
     body = json.dumps(error_body(code, message)).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")

@@ -269,3 +269,22 @@ def test_a_wrong_method_is_405_and_names_the_allowed_ones(app: App) -> None:
     answer = app.client.get("/predict")
     assert answer.status_code == 405 and answer.json["error"] == "method_not_allowed"
     assert answer.headers["Allow"] == "OPTIONS, POST"
+
+
+@pytest.mark.parametrize(("status", "reason", "detail", "code"), [
+    (400, "Bad Request", "Invalid Request Line 'GARBAGE'", "bad_request"),
+    (431, "Request Header Fields Too Large", "Error parsing headers: 'limit request headers fields'", "bad_request"),
+    (400, "Bad Request", "Invalid chunk size: b'zz'", "invalid_body"),
+    (500, "Internal Server Error", "", "internal_error"),
+])
+def test_what_gunicorn_answers_itself_is_in_the_contracts_shape(status: int, reason: str, detail: str,
+                                                               code: str) -> None:
+    from app.contract import server_error_response
+
+    head, _, body = server_error_response(status, reason, detail).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0] == f"HTTP/1.1 {status} {reason}" and "Content-Type: application/json" in lines
+    assert f"Content-Length: {len(body)}" in lines and "Connection: close" in lines
+    answer = json.loads(body)
+    assert answer["error"] == code and set(answer) == {"error", "message"}
+    assert (detail in answer["message"]) if status < 500 else answer["message"] == "internal error"
