@@ -66,8 +66,7 @@ ENCODED_CPU_PATH = Counter(
     "shim_encoded_cpu_path", "Uploads that the encoded transport decoded in the shim instead of forwarding them to "
     "Triton, by reason: format (not a JPEG), jpeg_mode (CMYK, YCCK), limits (over the pixel limits), unreadable "
     "(the shim answers 400), incomplete (a JPEG cut short, with no EOI or no scan: the shim answers as the legacy "
-    "app does), corrupt (a byte after 0xFF in the scan that libjpeg knows as no marker: Pillow refuses it), "
-    "decoder_refused (Triton's decoder refused it: the shim answered as the legacy app does); client "
+    "app does), decoder_refused (Triton's decoder refused it: the shim answered as the legacy app does); client "
     "uploads all, never Triton's failures", ["reason"])
 TRANSPORT = Gauge(
     "shim_transport", "1 for the transport a worker sends to Triton with (SHIM_TRANSPORT)",
@@ -83,8 +82,7 @@ INFLIGHT = Gauge(
 TRANSPORTS = ("fp32", "uint8", "encoded")  # app/backends/triton: SHIM_TRANSPORT
 FALLBACK_REASONS = ("backend_unavailable", "backend_timeout", "backend_error", "circuit_open")
 SHADOW_RESULTS = ("match", "mismatch", "error", "skipped")
-ENCODED_REASONS = ("format", "jpeg_mode", "limits", "unreadable", "incomplete", "corrupt",  # app/sniff.py
-                   "decoder_refused")
+ENCODED_REASONS = ("format", "jpeg_mode", "limits", "unreadable", "incomplete", "decoder_refused")  # app/sniff.py
 BACKEND_ERROR_CODES = ("backend_unavailable", "backend_timeout", "backend_error", "queue_timeout", "circuit_open")
 # Why nginx answered a request itself (deploy/nginx/nginx.conf.template, map $shim_refusal).
 PROXY_REASONS = ("client_limit", "overloaded", "too_large", "invalid_body", "bad_request", "client_timeout",

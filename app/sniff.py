@@ -1,14 +1,11 @@
 """The encoded transport's choice, per upload, from its header alone: forward the bytes, or decode them here.
 
-Only complete RGB or grayscale JPEGs with no unknown marker go to Triton's decode step (what nvJPEG and
-libjpeg-turbo decode as Pillow does); the rest takes the shim's CPU path and its 400 / 413, each reason a label of
-shim_encoded_cpu_path_total (docs/transports.md). The markers up to the first scan are read, and the scans' 0xFF
-bytes: nothing is decoded.
+Only complete RGB or grayscale JPEGs go to Triton's decode step (what nvJPEG and libjpeg-turbo decode as Pillow
+does); the rest takes the shim's CPU path and its 400 / 413, each reason a label of shim_encoded_cpu_path_total
+(docs/transports.md). About 20 us: the markers up to the first scan are read, nothing is decoded.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from app.preprocess import ImageSpec, open_upload, resized_size
 
@@ -31,12 +28,8 @@ def cpu_reason(data: bytes, spec: ImageSpec) -> str | None:
         return "format"
     if mode not in MODES:
         return "jpeg_mode"
-    start = scan_start(data)
-    end = data.rfind(EOI, start) if start is not None else -1
-    if start is None or end < start:
+    if not complete_jpeg(data):
         return "incomplete"
-    if unknown_marker(data, start, end):
-        return "corrupt"
     if not width or not height:
         return "limits"
     new_w, new_h = resized_size(width, height, spec.resize, spec.max_size)  # app.preprocess.crop's refusals
@@ -47,12 +40,6 @@ def cpu_reason(data: bytes, spec: ImageSpec) -> str | None:
 
 SOI, EOI, SOS = b"\xff\xd8", b"\xff\xd9", 0xDA
 STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RSTn carry no length
-# What libjpeg stops at with an error after 0xFF once a file's first scan has begun: a code of no marker (its
-# read_markers' default case, JERR_UNKNOWN_MARKER), a second SOF or SOI (JERR_SOF_DUPLICATE, JERR_SOI_DUPLICATE).
-# Pillow refuses each of these uploads (400), baseline or progressive; nvImageCodec's CPU decoder decodes around them.
-SOF_CODES = [*range(0xC0, 0xC4), *range(0xC5, 0xCC), *range(0xCD, 0xD0)]  # 0xC4 is DHT, 0xCC is DAC
-_UNKNOWN_AFTER_FF = np.zeros(256, dtype=bool)
-_UNKNOWN_AFTER_FF[[*range(0x02, 0xC0), *SOF_CODES, 0xD8, 0xDE, 0xDF, *range(0xF0, 0xFE)]] = True
 
 
 def scan_start(data: bytes) -> int | None:
@@ -82,11 +69,8 @@ def scan_start(data: bytes) -> int | None:
     return None
 
 
-def unknown_marker(data: bytes, start: int, end: int) -> bool:
-    """A byte after 0xFF in data[start:end] (the scans, up to the last EOI) that libjpeg stops at with an error
-    (_UNKNOWN_AFTER_FF): Pillow refuses the upload, while nvImageCodec's CPU decoder decodes around it (7 of 150
-    photos with 8 bytes changed in the scan). A valid scan stuffs every 0xFF with 0x00, so a valid JPEG has none;
-    a table or comment between a progressive JPEG's scans might, and takes the CPU path, which answers as the
-    legacy app does anyway."""
-    scan = np.frombuffer(data, dtype=np.uint8, count=end - start, offset=start)
-    return bool(_UNKNOWN_AFTER_FF[scan[1:][scan[:-1] == 0xFF]].any())
+def complete_jpeg(data: bytes) -> bool:
+    """A scan, and an EOI marker after it (bytes after EOI are allowed: Pillow ignores them; an EXIF thumbnail's
+    own EOI, before the scan, does not count). A cheap scan of the header and the tail, not a decode."""
+    start = scan_start(data)
+    return start is not None and data.rfind(EOI, start) >= start

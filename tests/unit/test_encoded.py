@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from app import create_app, images, metrics
-from app.preprocess import ImageSpec, decode
+from app.preprocess import ImageSpec
 from app.settings import Mode, Settings
 from app.sniff import cpu_reason
 from tests.fakes import EchoBackend, EncodedEcho, write_model_repo
@@ -37,17 +37,6 @@ def exif_thumbnail() -> bytes:
     thumb = encode(photo(16, 12, seed=3), "JPEG")
     app1 = b"Exif\x00\x00" + thumb
     return JPEG[:2] + b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1 + JPEG[2:]
-
-
-def with_unknown_marker(jpeg: bytes, code: int = 0x7E) -> bytes:
-    """The JPEG with 0xFF and `code` (by default a code of no marker) halfway through its (first) scan: Pillow
-    refuses it ("broken data stream"), nvImageCodec's CPU decoder decodes around it."""
-    from app.sniff import scan_start
-
-    start = scan_start(jpeg)
-    assert start is not None
-    at = start + (jpeg.find(b"\xff", start) - start) // 2  # within the first scan, wherever it ends
-    return jpeg[:at] + bytes([0xFF, code]) + jpeg[at + 2:]
 
 
 def bad_huffman_table() -> bytes:
@@ -79,9 +68,6 @@ def bad_huffman_table() -> bytes:
     ("a progressive JPEG cut at 95 %", encode(RGB, "JPEG", progressive=True)[:-200], "incomplete"),
     ("a JPEG with bytes after its EOI (Pillow reads it)", JPEG + b"trailer", None),
     ("a truncated JPEG whose EXIF thumbnail ends with EOI", exif_thumbnail()[:-600], "incomplete"),
-    ("a JPEG with an unknown marker in its scan", with_unknown_marker(JPEG), "corrupt"),
-    ("a progressive JPEG with an unknown marker in a scan", with_unknown_marker(encode(RGB, "JPEG", progressive=True)),
-     "corrupt"),
 ])
 def test_only_rgb_and_grayscale_jpegs_are_forwarded(name: str, data: bytes, reason: str | None) -> None:
     assert cpu_reason(data, ImageSpec()) == reason, name
@@ -231,28 +217,6 @@ def test_incomplete_jpegs_never_reach_a_decoder_that_would_fill_them_in(apps: Ap
     assert [apps.predict(d).status_code for d in cut.values()] == [400, 400, 200, 400]  # Pillow reads "no EOI"
     assert cpu_path("incomplete") == before + 2 * len(cut)
     assert apps.triton.uploads == []  # none was sent to the decoder
-
-
-@pytest.mark.parametrize("code", [0x02, 0x7E, 0xBF, 0xC1, 0xCF, 0xD8, 0xDE, 0xF0, 0xFD])
-def test_what_the_sniff_calls_corrupt_pillow_refuses(code: int) -> None:
-    from app.errors import InvalidImage
-
-    data = with_unknown_marker(JPEG, code)
-    assert cpu_reason(data, ImageSpec()) == "corrupt"
-    with pytest.raises(InvalidImage, match="broken data stream"):
-        decode(data, ImageSpec())
-
-
-def test_a_jpeg_with_an_unknown_marker_never_reaches_a_decoder_that_would_decode_around_it(apps: Apps) -> None:
-    """nvImageCodec's CPU decoder decodes a scan with a byte after 0xFF that libjpeg knows as no marker, where
-    Pillow refuses it: the sniff keeps it in the shim, whose answer is the legacy app's 400."""
-    data = with_unknown_marker(JPEG)
-    before = cpu_path("corrupt")
-    got, legacy = apps.predict(data), apps.predict(data, "tensors")
-    assert (got.status_code, got.get_json()) == (legacy.status_code, legacy.get_json())
-    assert got.status_code == 400 and got.get_json()["error"] == "invalid_image", got.get_json()
-    assert cpu_path("corrupt") == before + 1
-    assert apps.triton.uploads == []
 
 
 def test_fallback_decodes_a_forwarded_upload_for_legacy(tmp_path: Path) -> None:
