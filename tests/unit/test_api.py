@@ -111,7 +111,7 @@ def test_bad_input_gets_its_4xx_in_the_contracts_shape(app: App, upload: Upload)
 
 
 def test_an_eps_upload_is_a_400_not_a_postscript_run(app: App) -> None:
-    """Pillow would hand EPS to Ghostscript (app/preprocess.py, REFUSED_FORMATS): the shim refuses it as a format
+    """Pillow would hand EPS to Ghostscript (app/preprocess.py, EPS_PREFIXES): the shim refuses it as a format
     it does not read, before any backend sees it."""
     eps = Upload("eps", 400, files={"image": ("figure.eps", encode(photo(64, 48), "EPS"))})
     answer = send(app.client, eps)

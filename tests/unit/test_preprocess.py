@@ -78,6 +78,14 @@ def test_an_eps_upload_is_refused_without_running_ghostscript(tmp_path: Path,
     assert cpu_reason(eps, SPEC) == "unreadable"
     assert not mark.exists()
 
+    # The DOS EPS binary header in front of the same PostScript: EPS to Pillow too
+    dos = b"\xc5\xd0\xd3\xc6" + (30).to_bytes(4, "little") + len(eps).to_bytes(4, "little") + bytes(16) + b"\xff\xff"
+    with Image.open(io.BytesIO(dos + eps)) as image:
+        assert image.format == "EPS"
+    with pytest.raises(InvalidImage, match="not an image format this service reads"):
+        decode(dos + eps, SPEC)
+    assert not mark.exists()
+
 
 @pytest.mark.parametrize("name", malformed_uploads())
 def test_a_malformed_file_that_trips_pillow_is_the_uploads_400(name: str) -> None:
