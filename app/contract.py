@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from app.errors import BrokenBody, InvalidRequest, ShimError
+
 IMAGE_FIELD = "image"
 
 # Errors that Flask itself raises, in the contract's words.
@@ -45,11 +47,11 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 def server_error_response(status: int, reason: str, detail: str) -> bytes:
     """A whole HTTP response, in the contract's shape, for what gunicorn answers itself: a request line or header
     it cannot parse (400, 414, 431), a broken chunked body, an app that failed outside Flask (500)."""
-    code, message = "internal_error", "internal error"  # gunicorn's answer when the app itself failed
-    if status < 500:
-        code = "invalid_body" if "chunk" in detail.lower() else "bad_request"  # nginx's codes for the same
-        message = f"the request could not be read: {reason.lower()}{f' ({detail})' if detail else ''}"
-    body = json.dumps(error_body(code, message)).encode()
+    error = ShimError()  # gunicorn's answer when the app itself failed
+    if status < 500:  # the error tree's codes, which nginx gives for the same
+        kind = BrokenBody if "chunk" in detail.lower() else InvalidRequest
+        error = kind(f"the request could not be read: {reason.lower()}{f' ({detail})' if detail else ''}")
+    body = json.dumps(error_body(error.code, error.message)).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
     return head.encode("latin-1") + body
